@@ -1,0 +1,137 @@
+//! Types shared by the GPU kernels (compiled for `nvptx64-nvidia-cuda`) and the host.
+//!
+//! Everything here is `#[repr(C)]` plain data, so the host writes exactly the bytes the
+//! kernel reads. Keep it `no_std` and free of anything target-specific.
+#![no_std]
+
+/// Head dimensions with a compiled kernel.
+pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
+
+/// Element type of Q, K, V and O.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F16 = 0,
+    BF16 = 1,
+}
+
+impl DType {
+    pub const ALL: [DType; 2] = [DType::F16, DType::BF16];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        }
+    }
+}
+
+/// Which forward kernel family to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// FlashAttention-2 on `mma.sync` (any sm_80+ part; the portable fallback).
+    Fa2,
+}
+
+impl Algo {
+    pub const fn prefix(self) -> &'static str {
+        match self {
+            Algo::Fa2 => "fa2_fwd",
+        }
+    }
+}
+
+/// A compiled kernel entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelEntry {
+    pub name: &'static str,
+    pub algo: Algo,
+    pub hdim: u32,
+    pub dtype: DType,
+    /// Bytes of the leading `.param` that holds TMA descriptors and must be 64-byte
+    /// aligned (0: the kernel takes no descriptors).
+    pub tma_param_bytes: u32,
+}
+
+macro_rules! fa2_entries {
+    ($($name:literal => $hdim:literal, $dtype:ident;)*) => {
+        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0 },)*]
+    };
+}
+
+/// Every kernel the PTX module exports. The kernel crate defines exactly these
+/// (the PTX builder checks both directions).
+pub const KERNELS: [KernelEntry; 6] = fa2_entries! {
+    "fa2_fwd_hdim64_f16" => 64, F16;
+    "fa2_fwd_hdim128_f16" => 128, F16;
+    "fa2_fwd_hdim256_f16" => 256, F16;
+    "fa2_fwd_hdim64_bf16" => 64, BF16;
+    "fa2_fwd_hdim128_bf16" => 128, BF16;
+    "fa2_fwd_hdim256_bf16" => 256, BF16;
+};
+
+/// Looks up the kernel for a configuration.
+pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType) -> Option<&'static KernelEntry> {
+    KERNELS.iter().find(|k| k.algo == algo && k.hdim == hdim && k.dtype == dtype)
+}
+
+/// Strides, in elements, of a `[batch, seqlen, heads, hdim]` tensor whose last
+/// dimension is contiguous.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Strides {
+    pub batch: u64,
+    pub row: u64,
+    pub head: u64,
+}
+
+/// The forward pass' launch parameters (one kernel argument, passed by value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FwdParams {
+    /// Device addresses.
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    /// `[batch, heads_q, seqlen_q]` f32, contiguous.
+    pub lse: u64,
+    pub q_strides: Strides,
+    pub k_strides: Strides,
+    pub v_strides: Strides,
+    pub o_strides: Strides,
+    pub batch: u32,
+    pub heads_q: u32,
+    pub heads_k: u32,
+    /// `heads_q / heads_k`: query heads that share one K/V head (GQA/MQA).
+    pub kv_group: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    /// `softmax_scale * log2(e)`: the kernels exponentiate with `exp2`.
+    pub scale_log2: f32,
+    /// Natural-log scale, for the LSE.
+    pub softmax_scale: f32,
+    /// Non-zero: causal, aligned to the bottom-right corner of the score matrix.
+    pub causal: u32,
+}
+
+/// Tile shape of the FA2 (`mma.sync`) kernel: query rows per CTA, keys per inner step,
+/// warps per CTA (each warp owns 16 query rows).
+pub mod fa2 {
+    pub const BLOCK_M: u32 = 64;
+    pub const BLOCK_N: u32 = 64;
+    pub const WARPS: u32 = BLOCK_M / 16;
+    pub const THREADS: u32 = WARPS * 32;
+
+    /// Dynamic shared memory: one Q tile, one K tile, one V tile of `BLOCK x hdim` halves.
+    pub const fn smem_bytes(hdim: u32) -> u32 {
+        (BLOCK_M + 2 * BLOCK_N) * hdim * 2
+    }
+}
+
+/// Query index `i` (0-based) may attend key `j` iff `j <= i + causal_offset`
+/// (bottom-right alignment, as in FlashAttention 2.1+).
+#[inline(always)]
+pub const fn causal_offset(seqlen_q: u32, seqlen_k: u32) -> i64 {
+    seqlen_k as i64 - seqlen_q as i64
+}

@@ -1,0 +1,43 @@
+//! GPU kernels of flash-attn3, compiled to PTX for `sm_90a` (see `ptx-builder`).
+//!
+//! - [`ptx`]: one typed wrapper per PTX instruction family (the only inline asm);
+//! - [`softmax`]: the online softmax on tensor-core accumulator fragments;
+//! - [`fa2`]: the FlashAttention-2 forward on `mma.sync`.
+//!
+//! The exported entry points are listed in `common::KERNELS`.
+#![no_std]
+#![feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
+#![allow(internal_features)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod element;
+pub mod fa2;
+pub mod ptx;
+pub mod softmax;
+
+use common::FwdParams;
+use element::{BF16, F16};
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // Kernels are written so that nothing can panic; trap if that ever changes.
+    unsafe { core::arch::asm!("trap;", options(noreturn)) }
+}
+
+macro_rules! fa2_entry {
+    ($name:ident, $elem:ty, $d:literal) => {
+        /// FlashAttention-2 forward; grid `(ceil(seqlen_q / 64), heads_q, batch)`, 128 threads.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
+            unsafe { fa2::fwd::<$elem, $d, { $d / 8 }, { $d / 16 }>(p) }
+        }
+    };
+}
+
+fa2_entry!(fa2_fwd_hdim64_f16, F16, 64);
+fa2_entry!(fa2_fwd_hdim128_f16, F16, 128);
+fa2_entry!(fa2_fwd_hdim256_f16, F16, 256);
+fa2_entry!(fa2_fwd_hdim64_bf16, BF16, 64);
+fa2_entry!(fa2_fwd_hdim128_bf16, BF16, 128);
+fa2_entry!(fa2_fwd_hdim256_bf16, BF16, 256);

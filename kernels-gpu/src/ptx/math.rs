@@ -1,0 +1,77 @@
+//! Scalar math and warp shuffles used by the softmax.
+use core::arch::asm;
+
+/// `2^x`, approximate (the SFU's `ex2`), denormals flushed. `exp2(-inf) = 0`.
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic.
+    unsafe { asm!("ex2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r
+}
+
+/// Natural logarithm through `lg2.approx` (used once per row for the LSE).
+#[inline(always)]
+pub fn ln(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic.
+    unsafe { asm!("lg2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r * core::f32::consts::LN_2
+}
+
+/// Fast `1/x`.
+#[inline(always)]
+pub fn rcp(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic.
+    unsafe { asm!("rcp.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `max` that returns the non-NaN operand (PTX `max.f32`).
+#[inline(always)]
+pub fn fmax(a: f32, b: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic.
+    unsafe { asm!("max.f32 {0}, {1}, {2};", out(reg32) r, in(reg32) a, in(reg32) b, options(pure, nomem, nostack)) };
+    r
+}
+
+/// Butterfly shuffle across the full warp: returns `v` of lane `lane ^ mask`.
+#[inline(always)]
+pub fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
+    let r: f32;
+    // SAFETY: all 32 lanes take part (callers keep the warp converged).
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;",
+             out(reg32) r, in(reg32) v, in(reg32) mask, options(nomem, nostack))
+    };
+    r
+}
+
+/// Packs two `f32` into `f16x2` (round to nearest even); `lo` in the low half.
+#[inline(always)]
+pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    // SAFETY: pure arithmetic. cvt's first source lands in the upper half.
+    unsafe { asm!("cvt.rn.f16x2.f32 {0}, {1}, {2};", out(reg32) r, in(reg32) hi, in(reg32) lo, options(pure, nomem, nostack)) };
+    r
+}
+
+/// Packs two `f32` into `bf16x2` (round to nearest even); `lo` in the low half.
+#[inline(always)]
+pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    // SAFETY: pure arithmetic. cvt's first source lands in the upper half.
+    unsafe { asm!("cvt.rn.bf16x2.f32 {0}, {1}, {2};", out(reg32) r, in(reg32) hi, in(reg32) lo, options(pure, nomem, nostack)) };
+    r
+}
+
+/// Fused `a * b + c`, rounded once.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic.
+    unsafe { asm!("fma.rn.f32 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c, options(pure, nomem, nostack)) };
+    r
+}

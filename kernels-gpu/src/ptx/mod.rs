@@ -1,0 +1,13 @@
+//! Thin typed wrappers around PTX instructions: the only place in the kernel crate
+//! where assembly text lives. Each submodule covers one instruction family; algorithm
+//! code calls these and never writes `asm!` itself.
+//!
+//! Conventions: shared-memory addresses are 32-bit `.shared::cta` window offsets
+//! ([`smem::SmemAddr`]); global addresses are 64-bit generic addresses.
+
+pub mod barrier;
+pub mod global;
+pub mod math;
+pub mod mma;
+pub mod smem;
+pub mod sreg;

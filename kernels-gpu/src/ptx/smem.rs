@@ -1,0 +1,62 @@
+//! Shared memory: the dynamic allocation, typed 32-bit addresses, and the `cp.async`
+//! global-to-shared copy (sm_80+).
+use core::arch::asm;
+
+/// An address in the CTA's shared-memory window (`.shared::cta`), in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct SmemAddr(pub u32);
+
+impl SmemAddr {
+    #[inline(always)]
+    pub const fn add(self, bytes: u32) -> Self {
+        SmemAddr(self.0.wrapping_add(bytes))
+    }
+}
+
+/// The 1024-byte alignment that 128-byte swizzled TMA/WGMMA tiles need.
+#[repr(C, align(1024))]
+pub struct SmemAlign([u8; 1024]);
+
+/// Start of the dynamic shared memory given at launch, 1024-byte aligned.
+#[inline(always)]
+pub fn dynamic_smem_base() -> SmemAddr {
+    let generic = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemAlign>();
+    let r: u32;
+    // SAFETY: converts a shared-memory generic address to its window offset.
+    unsafe {
+        asm!("cvta.to.shared.u64 {t}, {g};", "cvt.u32.u64 {r}, {t};",
+             g = in(reg64) generic as u64, t = out(reg64) _, r = out(reg32) r,
+             options(pure, nomem, nostack))
+    };
+    SmemAddr(r)
+}
+
+/// Copies 16 bytes global -> shared, asynchronously; when `valid` is false the 16 bytes
+/// are zero-filled and nothing is read.
+///
+/// # Safety
+/// `src` must be a valid 16-byte aligned global address (even when `!valid`), `dst`
+/// 16-byte aligned and inside the allocation.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: SmemAddr, src: u64, valid: bool) {
+    let src_size: u32 = if valid { 16 } else { 0 };
+    unsafe {
+        asm!("cp.async.cg.shared.global [{0}], [{1}], 16, {2};",
+             in(reg32) dst.0, in(reg64) src, in(reg32) src_size, options(nostack))
+    };
+}
+
+/// Closes the group of `cp.async` issued since the last commit.
+#[inline(always)]
+pub fn cp_async_commit() {
+    // SAFETY: bookkeeping only.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) };
+}
+
+/// Waits until at most `N` committed `cp.async` groups of this thread are pending.
+#[inline(always)]
+pub fn cp_async_wait<const N: u32>() {
+    // SAFETY: waits only.
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) };
+}

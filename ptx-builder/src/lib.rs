@@ -1,0 +1,387 @@
+//! Builds the `no_std` kernel crate into one PTX module, without a CUDA toolkit and
+//! without rustup's `llvm-bitcode-linker` component (not downloadable here).
+//!
+//! The pipeline is the one rustc would run through that linker, done by hand with the
+//! `llvm-tools` of the pinned toolchain:
+//!
+//! 1. `cargo build --target nvptx64-nvidia-cuda -Zbuild-std=core` of the kernel crate as
+//!    an rlib (for this target rlib members are LLVM bitcode);
+//! 2. `llvm-link` every bitcode member of the kernel crate and its dependencies (core...);
+//! 3. `opt`: internalize everything but the exported kernels, drop dead code, `O3`;
+//! 4. `llc -mcpu=sm_90a` to PTX;
+//! 5. raise the `.param` alignment of TMA descriptor blocks to 64 bytes (rustc's PTX ABI
+//!    cannot express an alignment above 16; the TMA unit needs 64) and check that the
+//!    module exports exactly the kernels of `common::KERNELS`.
+//!
+//! It also runs `ptxas -v` (from PyPI's `nvidia-cuda-nvcc`, when present) and parses its
+//! report, so spills and stack frames are caught without a GPU.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// PTX ISA version requested from llc (8.0: `wgmma`, `setmaxnreg`, `cp.async.bulk.tensor`).
+pub const PTX_ISA: &str = "ptx80";
+/// The GPU the kernels are built for.
+pub const SM: &str = "sm_90a";
+/// Full-unroll budget for LLVM: register arrays must only ever be indexed by constants.
+const UNROLL_THRESHOLD: &str = "-unroll-threshold=20000";
+
+#[derive(Debug)]
+pub enum Error {
+    /// A tool could not be started.
+    Spawn { tool: String, err: std::io::Error },
+    /// A tool ran and failed.
+    Tool { tool: String, status: String, stderr: String },
+    Io(std::io::Error),
+    /// The PTX does not have the shape the host expects.
+    Ptx(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Spawn { tool, err } => write!(f, "could not run {tool}: {err}"),
+            Error::Tool { tool, status, stderr } => write!(f, "{tool} failed ({status}):\n{stderr}"),
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Ptx(m) => write!(f, "unexpected PTX: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+pub struct BuildConfig {
+    /// Directory of the kernel crate (`kernels-gpu`).
+    pub kernel_dir: PathBuf,
+    /// Cargo target directory for the nvptx build (kept apart from the host's).
+    pub target_dir: PathBuf,
+    /// Where the PTX is written.
+    pub out_ptx: PathBuf,
+}
+
+pub struct Built {
+    pub ptx_path: PathBuf,
+    pub ptx: String,
+    pub elapsed: Duration,
+}
+
+/// The repository root, from this crate's location.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("ptx-builder lives in the repo").to_path_buf()
+}
+
+impl BuildConfig {
+    /// Kernel crate of this repository, building under `target_root`.
+    pub fn in_repo(target_root: &Path, out_ptx: PathBuf) -> Self {
+        BuildConfig {
+            kernel_dir: repo_root().join("kernels-gpu"),
+            target_dir: target_root.join("nvptx"),
+            out_ptx,
+        }
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<std::process::Output, Error> {
+    let tool = cmd.get_program().to_string_lossy().into_owned();
+    let out = cmd.output().map_err(|err| Error::Spawn { tool: tool.clone(), err })?;
+    if !out.status.success() {
+        return Err(Error::Tool {
+            tool,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// Directory of the `llvm-tools` binaries of the active toolchain.
+fn llvm_tools_dir() -> Result<PathBuf, Error> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = run(Command::new(&rustc).args(["--print", "sysroot"]))?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let out = run(Command::new(&rustc).args(["--print", "host-tuple"]))
+        .or_else(|_| run(Command::new(&rustc).arg("-vV")))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let host = text
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap_or_else(|| text.trim())
+        .to_string();
+    let dir = sysroot.join("lib/rustlib").join(host).join("bin");
+    if !dir.join("llvm-link").exists() {
+        return Err(Error::Ptx(format!(
+            "llvm-link not found in {}: install the toolchain's llvm-tools component",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// A cargo command for the nvptx build, cleaned of the variables an outer cargo (when
+/// called from a build script) sets for its own target.
+fn nested_cargo() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        let outer = (k.starts_with("CARGO_") && k != "CARGO_HOME")
+            || matches!(&*k, "RUSTFLAGS" | "RUSTC_WRAPPER" | "RUSTC_WORKSPACE_WRAPPER" | "RUSTDOCFLAGS");
+        if outer {
+            cmd.env_remove(&*k);
+        }
+    }
+    cmd
+}
+
+/// Builds the kernel crate and writes one PTX module.
+pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
+    let start = Instant::now();
+    let tools = llvm_tools_dir()?;
+    let out = run(nested_cargo()
+        .current_dir(&cfg.kernel_dir)
+        .args(["build", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+        .arg("--message-format=json-render-diagnostics")
+        .arg("--target-dir")
+        .arg(&cfg.target_dir)
+        .env("RUSTFLAGS", format!("-C target-cpu={SM} -C llvm-args={UNROLL_THRESHOLD}")))?;
+
+    let rlibs = rlib_artifacts(&String::from_utf8_lossy(&out.stdout))?;
+    let work = cfg.target_dir.join("link");
+    if work.exists() {
+        std::fs::remove_dir_all(&work)?;
+    }
+    std::fs::create_dir_all(&work)?;
+    let mut bitcode = Vec::new();
+    for (i, rlib) in rlibs.iter().enumerate() {
+        let dir = work.join(format!("{i}"));
+        std::fs::create_dir_all(&dir)?;
+        run(Command::new(tools.join("llvm-ar")).current_dir(&dir).arg("x").arg(rlib))?;
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.extension() == Some(OsStr::new("o")) {
+                bitcode.push(path);
+            }
+        }
+    }
+    bitcode.sort();
+
+    let linked = work.join("linked.bc");
+    run(Command::new(tools.join("llvm-link")).args(&bitcode).arg("-o").arg(&linked))?;
+    let names: Vec<&str> = common::KERNELS.iter().map(|k| k.name).collect();
+    let optimized = work.join("opt.bc");
+    run(Command::new(tools.join("opt"))
+        .arg("-passes=internalize,globaldce,default<O3>")
+        .arg(format!("-internalize-public-api-list={}", names.join(",")))
+        .arg(UNROLL_THRESHOLD)
+        .arg(&linked)
+        .arg("-o")
+        .arg(&optimized))?;
+    let raw_ptx = work.join("raw.ptx");
+    run(Command::new(tools.join("llc"))
+        .arg(format!("-mcpu={SM}"))
+        .arg(format!("-mattr=+{PTX_ISA}"))
+        .arg(&optimized)
+        .arg("-o")
+        .arg(&raw_ptx))?;
+
+    let ptx = finish_ptx(&std::fs::read_to_string(&raw_ptx)?)?;
+    if let Some(dir) = cfg.out_ptx.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&cfg.out_ptx, &ptx)?;
+    Ok(Built { ptx_path: cfg.out_ptx.clone(), ptx, elapsed: start.elapsed() })
+}
+
+/// The `.rlib` files cargo reported for the kernel crate and its dependencies.
+fn rlib_artifacts(json_lines: &str) -> Result<Vec<PathBuf>, Error> {
+    let mut rlibs = Vec::new();
+    for line in json_lines.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        for f in msg["filenames"].as_array().into_iter().flatten() {
+            if let Some(f) = f.as_str().filter(|f| f.ends_with(".rlib")) {
+                rlibs.push(PathBuf::from(f));
+            }
+        }
+    }
+    if !rlibs.iter().any(|p| p.to_string_lossy().contains("kernels_gpu")) {
+        return Err(Error::Ptx("cargo reported no rlib for kernels-gpu".into()));
+    }
+    Ok(rlibs)
+}
+
+/// Checks the exported kernels against `common::KERNELS` and aligns TMA descriptor
+/// parameters to 64 bytes.
+pub fn finish_ptx(raw: &str) -> Result<String, Error> {
+    let entries: Vec<&str> = raw
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+        .map(|l| l.trim_end_matches('(').trim())
+        .collect();
+    for k in &common::KERNELS {
+        if !entries.contains(&k.name) {
+            return Err(Error::Ptx(format!("kernel {} is listed in common::KERNELS but not defined", k.name)));
+        }
+    }
+    for e in &entries {
+        if !common::KERNELS.iter().any(|k| k.name == *e) {
+            return Err(Error::Ptx(format!("kernel {e} is defined but not listed in common::KERNELS")));
+        }
+    }
+    let mut ptx = raw.to_string();
+    for k in common::KERNELS.iter().filter(|k| k.tma_param_bytes > 0) {
+        let tail = format!(" .b8 {}_param_0[{}]", k.name, k.tma_param_bytes);
+        let found = [".param .align 8", ".param .align 16"]
+            .iter()
+            .map(|head| format!("{head}{tail}"))
+            .find(|decl| ptx.contains(decl.as_str()));
+        let Some(decl) = found else {
+            return Err(Error::Ptx(format!("{}: no TMA descriptor parameter `{tail}` found", k.name)));
+        };
+        ptx = ptx.replace(&decl, &format!(".param .align 64{tail}"));
+    }
+    Ok(ptx)
+}
+
+/// What `ptxas -v` said about one kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelReport {
+    pub name: String,
+    pub registers: u32,
+    pub stack_frame: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    /// Warnings that name this kernel.
+    pub warnings: Vec<String>,
+}
+
+impl KernelReport {
+    /// No spills, no stack frame, no warning.
+    pub fn is_clean(&self) -> bool {
+        self.stack_frame == 0 && self.spill_stores == 0 && self.spill_loads == 0 && self.warnings.is_empty()
+    }
+}
+
+/// Finds `ptxas`: `$FA3_PTXAS`, then `PATH`, then PyPI's `nvidia-cuda-nvcc` wheel in
+/// any `site-packages` that `python3` knows.
+pub fn find_ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FA3_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Some(PathBuf::from("ptxas"));
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print('\\n'.join(sys.path))"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|dir| {
+        ["nvidia/cu13/bin/ptxas", "nvidia/cuda_nvcc/bin/ptxas", "nvidia/cu12/bin/ptxas"]
+            .iter()
+            .map(|rel| Path::new(dir).join(rel))
+            .find(|p| p.exists())
+    })
+}
+
+/// Assembles `ptx_path` for sm_90a with `ptxas -v` and returns the per-kernel report
+/// plus warnings that name no kernel.
+pub fn run_ptxas(ptxas: &Path, ptx_path: &Path) -> Result<(Vec<KernelReport>, Vec<String>), Error> {
+    let out = run(Command::new(ptxas)
+        .arg(format!("-arch={SM}"))
+        .arg("-v")
+        .arg(ptx_path)
+        .arg("-o")
+        .arg(ptx_path.with_extension("cubin")))?;
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    Ok(parse_ptxas_report(&text))
+}
+
+fn number_before(line: &str, unit: &str) -> Option<u32> {
+    let idx = line.find(unit)?;
+    line[..idx].split_whitespace().last()?.parse().ok()
+}
+
+/// Parses `ptxas -v` output.
+pub fn parse_ptxas_report(text: &str) -> (Vec<KernelReport>, Vec<String>) {
+    let mut kernels: Vec<KernelReport> = Vec::new();
+    let mut loose = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            kernels.push(KernelReport { name: rest.trim().to_string(), ..Default::default() });
+        } else if line.contains("bytes stack frame") {
+            if let Some(k) = kernels.last_mut() {
+                k.stack_frame = number_before(line, "bytes stack frame").unwrap_or(0);
+                k.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+                k.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+            }
+        } else if line.contains("Used ") && line.contains(" registers") {
+            if let Some(k) = kernels.last_mut() {
+                k.registers = number_before(line, "registers").unwrap_or(0);
+            }
+        } else if line.contains("warning") {
+            loose.push(line.trim().to_string());
+        }
+    }
+    // Attribute warnings that name a kernel to it.
+    loose.retain(|w| {
+        match kernels.iter_mut().find(|k| w.contains(&format!("'{}'", k.name)) || w.contains(&k.name)) {
+            Some(k) => {
+                k.warnings.push(w.clone());
+                false
+            }
+            None => true,
+        }
+    });
+    (kernels, loose)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptxas_report_is_parsed_per_kernel() {
+        let text = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'a' for 'sm_90a'\n\
+ptxas info    : Function properties for a\n\
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+ptxas info    : Used 168 registers, used 1 barriers, 8 bytes cumulative stack size\n\
+ptxas warning : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized in 'b'\n\
+ptxas info    : Function properties for b\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 90 registers, used 1 barriers\n\
+ptxas warning : something global\n";
+        let (k, loose) = parse_ptxas_report(text);
+        assert_eq!(k.len(), 2);
+        assert_eq!((k[0].registers, k[0].stack_frame, k[0].spill_stores, k[0].spill_loads), (168, 8, 4, 12));
+        assert!(!k[0].is_clean());
+        assert_eq!(k[1].registers, 90);
+        assert_eq!(k[1].warnings.len(), 1, "the serialization warning names kernel b");
+        assert!(!k[1].is_clean());
+        assert_eq!(loose, vec!["ptxas warning : something global".to_string()]);
+    }
+
+    #[test]
+    fn finish_ptx_rejects_unlisted_kernels() {
+        let mut raw = String::new();
+        for k in &common::KERNELS {
+            raw += &format!(".visible .entry {}(\n)\n", k.name);
+        }
+        assert!(finish_ptx(&raw).is_ok());
+        let extra = raw.clone() + ".visible .entry stray_kernel(\n)\n";
+        assert!(matches!(finish_ptx(&extra), Err(Error::Ptx(m)) if m.contains("stray_kernel")));
+        let missing: String = raw.lines().skip(2).map(|l| format!("{l}\n")).collect();
+        assert!(finish_ptx(&missing).is_err());
+    }
+}
