@@ -335,7 +335,7 @@ pub fn parse_ptxas_report(text: &str) -> (Vec<KernelReport>, Vec<String>) {
     }
     // Attribute warnings that name a kernel to it.
     loose.retain(|w| {
-        match kernels.iter_mut().find(|k| w.contains(&format!("'{}'", k.name)) || w.contains(&k.name)) {
+        match kernels.iter_mut().find(|k| w.contains(&format!("'{}'", k.name))) {
             Some(k) => {
                 k.warnings.push(w.clone());
                 false
