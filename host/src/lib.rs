@@ -1,1 +1,32 @@
+//! FlashAttention for NVIDIA Hopper, with the GPU kernels written in Rust.
+//!
+//! ```no_run
+//! use flash_attn3::{AttnOptions, DeviceTensor, DType, Gpu, flash_attn_func};
+//! # fn main() -> Result<(), flash_attn3::AttnError> {
+//! let gpu = Gpu::new(0)?;
+//! let stream = gpu.new_stream()?;
+//! let (b, s, h, d) = (2, 1024, 16, 128);
+//! let data = vec![0.5f32; b * s * h * d];
+//! let q = DeviceTensor::from_f32(&stream, DType::BF16, [b, s, h, d], &data)?;
+//! let k = DeviceTensor::from_f32(&stream, DType::BF16, [b, s, h, d], &data)?;
+//! let v = DeviceTensor::from_f32(&stream, DType::BF16, [b, s, h, d], &data)?;
+//! let res = flash_attn_func(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(),
+//!                           &AttnOptions::default().causal(true))?;
+//! let o: Vec<f32> = res.out.to_f32(&stream)?;
+//! # Ok(()) }
+//! ```
+pub mod api;
+pub mod bench;
+pub mod check;
+pub mod error;
+pub mod gpu;
+pub mod plan;
+pub mod reference;
+pub mod tensor;
 
+pub use api::{AttnOutput, flash_attn_func, flash_attn_func_into};
+pub use common::{Algo, DType};
+pub use error::{Arg, AttnError, Result};
+pub use gpu::{Gpu, GpuInfo, driver_present};
+pub use plan::{AttnOptions, TensorDesc, plan_forward};
+pub use tensor::{DeviceTensor, Element, Layout, TensorMut, TensorRef, round_to};

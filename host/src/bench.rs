@@ -1,0 +1,58 @@
+//! Timing with CUDA events, and the FLOP count of the FlashAttention papers.
+use crate::api::flash_attn_func_into;
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::plan::AttnOptions;
+use crate::tensor::{TensorMut, TensorRef};
+use cudarc::driver::{CudaSlice, CudaStream};
+use std::sync::Arc;
+
+/// Forward FLOPs: `4 * b * h * sq * sk * d`, halved when causal (the papers' convention).
+pub fn fwd_flops(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, hdim: usize, causal: bool) -> f64 {
+    let f = 4.0 * batch as f64 * heads as f64 * seqlen_q as f64 * seqlen_k as f64 * hdim as f64;
+    if causal { f / 2.0 } else { f }
+}
+
+/// Per-launch times of one configuration, milliseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+}
+
+/// Times `iters` launches (each between its own pair of events) after `warmup` untimed ones.
+#[allow(clippy::too_many_arguments)]
+pub fn time_forward(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    q: &TensorRef<'_>,
+    k: &TensorRef<'_>,
+    v: &TensorRef<'_>,
+    out: &mut TensorMut<'_>,
+    lse: &mut CudaSlice<f32>,
+    opts: &AttnOptions,
+    warmup: usize,
+    iters: usize,
+) -> Result<Timing> {
+    for _ in 0..warmup {
+        flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
+    }
+    let ctx = gpu.context();
+    let mut events = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = ctx.new_event(None)?;
+        let end = ctx.new_event(None)?;
+        start.record(stream)?;
+        flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
+        end.record(stream)?;
+        events.push((start, end));
+    }
+    stream.synchronize()?;
+    let mut ms: Vec<f64> = events
+        .iter()
+        .map(|(s, e)| s.elapsed_ms(e).map(f64::from))
+        .collect::<std::result::Result<_, _>>()?;
+    ms.sort_by(f64::total_cmp);
+    Ok(Timing { median_ms: ms[ms.len() / 2], min_ms: ms[0], max_ms: ms[ms.len() - 1] })
+}

@@ -1,0 +1,118 @@
+//! The one error type of the host API.
+use common::DType;
+use std::fmt;
+
+/// Which argument of an attention call an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+}
+
+impl fmt::Display for Arg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Arg::Q => "q",
+            Arg::K => "k",
+            Arg::V => "v",
+            Arg::Out => "out",
+            Arg::Lse => "lse",
+        })
+    }
+}
+
+/// Everything that can go wrong, each case precise enough to act on.
+#[derive(Debug)]
+pub enum AttnError {
+    /// `libcuda` could not be loaded: no NVIDIA driver on this machine.
+    NoDriver,
+    /// The driver loaded but reports no usable GPU (or the ordinal is out of range).
+    NoDevice { ordinal: usize, detail: String },
+    /// The GPU is older than Hopper (sm_90); the kernels use sm_90a instructions.
+    UnsupportedGpu { name: String, major: i32, minor: i32 },
+    /// The embedded PTX could not be loaded or a kernel is missing from it.
+    KernelLoad(String),
+    /// A CUDA driver call failed.
+    Driver(cudarc::driver::DriverError),
+    /// A dimension is zero.
+    EmptyDim { arg: Arg, shape: [usize; 4] },
+    /// Shapes of q, k, v (or out/lse) do not fit together.
+    ShapeMismatch(String),
+    /// Head dimension without a kernel.
+    UnsupportedHeadDim { hdim: usize, supported: &'static [u32] },
+    /// `heads_q` must be a multiple of `heads_k` (GQA/MQA).
+    HeadsNotDivisible { heads_q: usize, heads_k: usize },
+    DTypeMismatch { q: DType, k: DType, v: DType },
+    /// The output's dtype differs from q's.
+    OutDType { q: DType, out: DType },
+    /// The head dimension must be contiguous (stride 1).
+    NonContiguousLastDim { arg: Arg, stride: usize },
+    /// Base address or a stride breaks the 16-byte alignment the loads need.
+    Misaligned { arg: Arg, detail: String },
+    /// The strided extent reaches past the end of the buffer.
+    OutOfBounds { arg: Arg, needed: usize, len: usize },
+    /// A size is beyond what one launch can address.
+    TooLarge(String),
+    /// `softmax_scale` is NaN or infinite.
+    InvalidScale(f32),
+    /// Host data does not match a declared shape.
+    HostData(String),
+}
+
+impl fmt::Display for AttnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use AttnError::*;
+        match self {
+            NoDriver => write!(f, "no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)"),
+            NoDevice { ordinal, detail } => write!(f, "no CUDA device {ordinal}: {detail}"),
+            UnsupportedGpu { name, major, minor } => write!(
+                f,
+                "GPU {name} is sm_{major}{minor}; these kernels need Hopper (sm_90) or newer"
+            ),
+            KernelLoad(m) => write!(f, "could not load the kernels: {m}"),
+            Driver(e) => write!(f, "CUDA driver error: {e}"),
+            EmptyDim { arg, shape } => write!(f, "{arg} has an empty dimension: shape {shape:?}"),
+            ShapeMismatch(m) => write!(f, "shape mismatch: {m}"),
+            UnsupportedHeadDim { hdim, supported } => {
+                write!(f, "head dim {hdim} is not supported (supported: {supported:?})")
+            }
+            HeadsNotDivisible { heads_q, heads_k } => write!(
+                f,
+                "heads of q ({heads_q}) must be a multiple of heads of k/v ({heads_k})"
+            ),
+            DTypeMismatch { q, k, v } => write!(
+                f,
+                "q, k, v must have one dtype; got q {}, k {}, v {}",
+                q.name(),
+                k.name(),
+                v.name()
+            ),
+            OutDType { q, out } => write!(f, "out must have q's dtype {}, got {}", q.name(), out.name()),
+            NonContiguousLastDim { arg, stride } => write!(
+                f,
+                "{arg}: the last (head) dimension must be contiguous, its stride is {stride}"
+            ),
+            Misaligned { arg, detail } => write!(f, "{arg} is misaligned: {detail}"),
+            OutOfBounds { arg, needed, len } => write!(
+                f,
+                "{arg}: shape and strides reach element {needed} but the buffer has {len}"
+            ),
+            TooLarge(m) => write!(f, "too large for one launch: {m}"),
+            InvalidScale(s) => write!(f, "softmax_scale must be finite, got {s}"),
+            HostData(m) => write!(f, "host data: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for AttnError {}
+
+impl From<cudarc::driver::DriverError> for AttnError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        AttnError::Driver(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, AttnError>;

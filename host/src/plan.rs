@@ -1,0 +1,187 @@
+//! Host-side validation and launch planning. Pure functions of shapes, strides, dtypes
+//! and addresses, so every misuse is caught (and tested) without a GPU.
+use crate::error::{Arg, AttnError, Result};
+use crate::tensor::Layout;
+use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, Strides, fa2};
+
+/// Options of an attention call, as in `flash_attn_func`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttnOptions {
+    /// Scale of `QK^T` before the softmax; `None` means `1 / sqrt(hdim)`.
+    pub softmax_scale: Option<f32>,
+    /// Causal mask aligned to the bottom-right corner of the score matrix (query `i`
+    /// sees keys `j <= i + seqlen_k - seqlen_q`), as FlashAttention 2.1+.
+    pub causal: bool,
+    /// Kernel family; `None` picks the fastest available.
+    pub algo: Option<Algo>,
+}
+
+impl AttnOptions {
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+    pub fn softmax_scale(mut self, scale: f32) -> Self {
+        self.softmax_scale = Some(scale);
+        self
+    }
+    pub fn algo(mut self, algo: Algo) -> Self {
+        self.algo = Some(algo);
+        self
+    }
+}
+
+/// What validation needs to know about one tensor argument.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorDesc {
+    pub dtype: DType,
+    pub layout: Layout,
+    /// Device address of element 0.
+    pub addr: u64,
+    /// Elements in the buffer behind it.
+    pub buffer_len: usize,
+}
+
+/// A checked launch: kernel, grid and the parameter block (device addresses filled in).
+#[derive(Clone, Copy, Debug)]
+pub struct FwdPlan {
+    pub kernel: &'static KernelEntry,
+    pub params: FwdParams,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem_bytes: u32,
+}
+
+/// Dynamic shared memory of a kernel.
+pub fn smem_bytes(k: &KernelEntry) -> u32 {
+    match k.algo {
+        Algo::Fa2 => fa2::smem_bytes(k.hdim),
+    }
+}
+
+/// Largest grid y/z extent.
+const MAX_GRID_YZ: usize = 65_535;
+/// Sequence lengths are indexed with i32 in the kernels (with room for tile overrun).
+const MAX_SEQLEN: usize = (i32::MAX / 2) as usize;
+
+fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
+    let l = &t.layout;
+    if l.shape.contains(&0) {
+        return Err(AttnError::EmptyDim { arg, shape: l.shape });
+    }
+    if l.strides[3] != 1 {
+        return Err(AttnError::NonContiguousLastDim { arg, stride: l.strides[3] });
+    }
+    let needed = l.extent().ok_or_else(|| AttnError::TooLarge(format!("{arg}: strided extent overflows")))?;
+    if needed > t.buffer_len {
+        return Err(AttnError::OutOfBounds { arg, needed, len: t.buffer_len });
+    }
+    if t.addr % 16 != 0 {
+        return Err(AttnError::Misaligned { arg, detail: format!("address {:#x} is not 16-byte aligned", t.addr) });
+    }
+    // 16-byte vector loads of rows: every row must start on a 16-byte boundary.
+    if let Some((dim, s)) = ["batch", "seqlen", "heads"].iter().zip(&l.strides).find(|(_, s)| **s % 8 != 0) {
+        return Err(AttnError::Misaligned {
+            arg,
+            detail: format!("{dim} stride {s} is not a multiple of 8 elements (16 bytes)"),
+        });
+    }
+    Ok(())
+}
+
+fn strides(l: &Layout) -> Strides {
+    Strides { batch: l.strides[0] as u64, row: l.strides[1] as u64, head: l.strides[2] as u64 }
+}
+
+/// Validates a forward call and plans its launch.
+pub fn plan_forward(
+    q: &TensorDesc,
+    k: &TensorDesc,
+    v: &TensorDesc,
+    out: &TensorDesc,
+    lse: (u64, usize),
+    opts: &AttnOptions,
+) -> Result<FwdPlan> {
+    if q.dtype != k.dtype || q.dtype != v.dtype {
+        return Err(AttnError::DTypeMismatch { q: q.dtype, k: k.dtype, v: v.dtype });
+    }
+    if out.dtype != q.dtype {
+        return Err(AttnError::OutDType { q: q.dtype, out: out.dtype });
+    }
+    for (arg, t) in [(Arg::Q, q), (Arg::K, k), (Arg::V, v), (Arg::Out, out)] {
+        check_tensor(arg, t)?;
+    }
+    let [batch, seqlen_q, heads_q, hdim] = q.layout.shape;
+    let [batch_k, seqlen_k, heads_k, hdim_k] = k.layout.shape;
+    if batch_k != batch {
+        return Err(AttnError::ShapeMismatch(format!("q has batch {batch}, k has {batch_k}")));
+    }
+    if v.layout.shape != k.layout.shape {
+        return Err(AttnError::ShapeMismatch(format!(
+            "k and v must have one shape; k {:?}, v {:?}",
+            k.layout.shape, v.layout.shape
+        )));
+    }
+    if hdim_k != hdim {
+        return Err(AttnError::ShapeMismatch(format!("q has head dim {hdim}, k/v have {hdim_k}")));
+    }
+    if out.layout.shape != q.layout.shape {
+        return Err(AttnError::ShapeMismatch(format!(
+            "out must have q's shape {:?}, got {:?}",
+            q.layout.shape, out.layout.shape
+        )));
+    }
+    if !HEAD_DIMS.contains(&(hdim as u32)) {
+        return Err(AttnError::UnsupportedHeadDim { hdim, supported: &HEAD_DIMS });
+    }
+    if heads_q % heads_k != 0 {
+        return Err(AttnError::HeadsNotDivisible { heads_q, heads_k });
+    }
+    let lse_needed = batch * heads_q * seqlen_q;
+    if lse.1 < lse_needed {
+        return Err(AttnError::OutOfBounds { arg: Arg::Lse, needed: lse_needed, len: lse.1 });
+    }
+    if lse.0 % 4 != 0 {
+        return Err(AttnError::Misaligned { arg: Arg::Lse, detail: format!("address {:#x} is not 4-byte aligned", lse.0) });
+    }
+    let scale = opts.softmax_scale.unwrap_or(1.0 / (hdim as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(AttnError::InvalidScale(scale));
+    }
+    if seqlen_q > MAX_SEQLEN || seqlen_k > MAX_SEQLEN {
+        return Err(AttnError::TooLarge(format!("sequence length over {MAX_SEQLEN}")));
+    }
+    if heads_q > MAX_GRID_YZ || batch > MAX_GRID_YZ {
+        return Err(AttnError::TooLarge(format!(
+            "batch ({batch}) and heads ({heads_q}) must each be at most {MAX_GRID_YZ}"
+        )));
+    }
+
+    let algo = opts.algo.unwrap_or(Algo::Fa2);
+    let kernel = common::find_kernel(algo, hdim as u32, q.dtype)
+        .ok_or(AttnError::UnsupportedHeadDim { hdim, supported: &HEAD_DIMS })?;
+    let params = FwdParams {
+        q: q.addr,
+        k: k.addr,
+        v: v.addr,
+        o: out.addr,
+        lse: lse.0,
+        q_strides: strides(&q.layout),
+        k_strides: strides(&k.layout),
+        v_strides: strides(&v.layout),
+        o_strides: strides(&out.layout),
+        batch: batch as u32,
+        heads_q: heads_q as u32,
+        heads_k: heads_k as u32,
+        kv_group: (heads_q / heads_k) as u32,
+        seqlen_q: seqlen_q as u32,
+        seqlen_k: seqlen_k as u32,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        softmax_scale: scale,
+        causal: opts.causal as u32,
+    };
+    let (grid, block) = match algo {
+        Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), fa2::THREADS),
+    };
+    Ok(FwdPlan { kernel, params, grid, block, smem_bytes: smem_bytes(kernel) })
+}

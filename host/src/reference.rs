@@ -1,0 +1,288 @@
+//! CPU references for attention, on packed `[batch, seqlen, heads, hdim]` host tensors.
+//!
+//! - [`attention_f64`]: exact attention accumulated in f64, the ground truth;
+//! - [`attention_lowp`]: the straightforward low-precision implementation (f32
+//!   accumulation, P rounded to the input dtype before PV, O rounded), whose error
+//!   sizes the budget a kernel is allowed (FlashAttention's rule: at most twice it);
+//! - [`attention_tiled`]: the FlashAttention-2 algorithm itself (tiles, online softmax
+//!   in base 2, unscaled accumulator, one final rescale, causal block skipping), so the
+//!   algorithm is tested without a GPU.
+//!
+//! Causal masks are bottom-right aligned: query `i` sees key `j` iff
+//! `j <= i + seqlen_k - seqlen_q`. A row that sees no key gets O = 0 and LSE = +inf.
+use crate::tensor::round_to;
+use common::DType;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand_distr::{Distribution, Normal};
+
+/// A packed host tensor `[batch, seqlen, heads, hdim]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    pub shape: [usize; 4],
+    pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    pub fn new(shape: [usize; 4], data: Vec<f32>) -> Self {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "data does not match shape {shape:?}");
+        HostTensor { shape, data }
+    }
+
+    /// `N(0, std^2)` values, rounded to `dtype` so the GPU sees exactly the same numbers.
+    pub fn randn(shape: [usize; 4], dtype: DType, std: f32, rng: &mut impl Rng) -> Self {
+        let dist = Normal::new(0.0f32, std).expect("finite std");
+        let n = shape.iter().product();
+        HostTensor { shape, data: (0..n).map(|_| round_to(dtype, dist.sample(rng))).collect() }
+    }
+
+    /// The `hdim` values at `[b, s, h, :]`.
+    #[inline]
+    pub fn row(&self, b: usize, s: usize, h: usize) -> &[f32] {
+        let [_, sl, hl, d] = self.shape;
+        let o = ((b * sl + s) * hl + h) * d;
+        &self.data[o..o + d]
+    }
+}
+
+/// A seeded RNG (fresh seeds come from the caller, printed on failure).
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+/// One attention problem on host tensors.
+#[derive(Clone, Copy, Debug)]
+pub struct Problem<'a> {
+    pub q: &'a HostTensor,
+    pub k: &'a HostTensor,
+    pub v: &'a HostTensor,
+    pub causal: bool,
+    pub scale: f32,
+}
+
+impl Problem<'_> {
+    fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
+        let [b, sq, hq, d] = self.q.shape;
+        let [_, sk, hk, _] = self.k.shape;
+        assert_eq!(self.k.shape, self.v.shape);
+        assert!(hq % hk == 0 && self.k.shape[0] == b && self.k.shape[3] == d);
+        (b, sq, sk, hq, hk, d)
+    }
+
+    /// Number of keys query row `i` sees.
+    pub fn visible_keys(&self, i: usize) -> usize {
+        let (sq, sk) = (self.q.shape[1], self.k.shape[1]);
+        if !self.causal {
+            return sk;
+        }
+        let last = i as i64 + sk as i64 - sq as i64;
+        (last + 1).clamp(0, sk as i64) as usize
+    }
+}
+
+/// Output O (packed like q) and LSE (`[batch, heads_q, seqlen_q]`).
+#[derive(Clone, Debug)]
+pub struct AttnResult<T> {
+    pub o: Vec<T>,
+    pub lse: Vec<T>,
+}
+
+/// Runs `row_fn(b, h, i, o_row) -> lse` for every query row, in parallel over chunks of
+/// rows (so one long sequence still uses every core).
+fn for_each_row<T: Copy + Send + Sync + Default>(
+    p: &Problem<'_>,
+    row_fn: impl Fn(usize, usize, usize, &mut [T]) -> T + Sync,
+) -> AttnResult<T> {
+    const ROWS: usize = 32;
+    let (b, sq, _, hq, _, d) = p.dims();
+    // Tasks: (batch, head, first row) of ROWS-row chunks.
+    let tasks: Vec<(usize, usize, usize)> = (0..b)
+        .flat_map(|bi| (0..hq).flat_map(move |h| (0..sq).step_by(ROWS).map(move |i| (bi, h, i))))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(tasks.len()).max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Vec<(usize, Vec<T>, Vec<T>)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let (row_fn, tasks, next) = (&row_fn, &tasks, &next);
+                scope.spawn(move || {
+                    let mut done = Vec::new();
+                    loop {
+                        let t = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(bi, h, i0)) = tasks.get(t) else { break };
+                        let rows = i0..(i0 + ROWS).min(sq);
+                        let mut o = vec![T::default(); rows.len() * d];
+                        let lse =
+                            rows.clone().zip(o.chunks_mut(d)).map(|(i, orow)| row_fn(bi, h, i, orow)).collect();
+                        done.push((t, o, lse));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("reference thread panicked")).collect()
+    });
+    let mut o = vec![T::default(); b * sq * hq * d];
+    let mut lse = vec![T::default(); b * hq * sq];
+    for (t, to, tl) in results.into_iter().flatten() {
+        let (bi, h, i0) = tasks[t];
+        for (r, (orow, l)) in to.chunks(d).zip(tl).enumerate() {
+            let i = i0 + r;
+            let dst = ((bi * sq + i) * hq + h) * d;
+            o[dst..dst + d].copy_from_slice(orow);
+            lse[(bi * hq + h) * sq + i] = l;
+        }
+    }
+    AttnResult { o, lse }
+}
+
+/// Exact attention in f64.
+pub fn attention_f64(p: &Problem<'_>) -> AttnResult<f64> {
+    let (_, _, _, hq, hk, d) = p.dims();
+    let scale = p.scale as f64;
+    for_each_row(p, |b, h, i, o| {
+        let hkv = h / (hq / hk);
+        let n = p.visible_keys(i);
+        if n == 0 {
+            return f64::INFINITY;
+        }
+        let q = p.q.row(b, i, h);
+        let s: Vec<f64> = (0..n)
+            .map(|j| q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale)
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        for (j, &ej) in e.iter().enumerate() {
+            let w = ej / sum;
+            for (oc, &vc) in o.iter_mut().zip(p.v.row(b, j, hkv)) {
+                *oc += w * vc as f64;
+            }
+        }
+        debug_assert_eq!(o.len(), d);
+        m + sum.ln()
+    })
+}
+
+/// The straightforward low-precision implementation: f32 scores and softmax, P rounded
+/// to `dtype`, f32 accumulation of PV, O rounded to `dtype`.
+pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
+    let (_, _, _, hq, hk, _) = p.dims();
+    for_each_row(p, |b, h, i, o| {
+        let hkv = h / (hq / hk);
+        let n = p.visible_keys(i);
+        if n == 0 {
+            return f32::INFINITY;
+        }
+        let q = p.q.row(b, i, h);
+        let s: Vec<f32> = (0..n)
+            .map(|j| q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale)
+            .collect();
+        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        for (j, &ej) in e.iter().enumerate() {
+            let w = round_to(dtype, ej / sum);
+            for (oc, &vc) in o.iter_mut().zip(p.v.row(b, j, hkv)) {
+                *oc += w * vc;
+            }
+        }
+        for oc in o.iter_mut() {
+            *oc = round_to(dtype, *oc);
+        }
+        m + sum.ln()
+    })
+}
+
+/// Tile shape of [`attention_tiled`].
+#[derive(Clone, Copy, Debug)]
+pub struct Tiling {
+    pub block_m: usize,
+    pub block_n: usize,
+}
+
+/// The FlashAttention-2 forward algorithm, in f32, exactly as the kernels run it:
+/// per query tile, loop over the key tiles it can see (causal tiles past the diagonal are
+/// skipped), fold each score tile into a running max and sum in base 2
+/// (`exp2(s * scale * log2 e - max * scale * log2 e)`), rescale the unscaled output
+/// accumulator when the max grows, divide by the sum once at the end.
+/// `p_dtype`: round P to this type before PV, as the tensor cores' operand is.
+pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) -> AttnResult<f32> {
+    let (_, sq, sk, hq, hk, d) = p.dims();
+    let scale_log2 = p.scale * std::f32::consts::LOG2_E;
+    let off = sk as i64 - sq as i64;
+    let Tiling { block_m, block_n } = tiling;
+    let round = |x: f32| p_dtype.map_or(x, |t| round_to(t, x));
+    for_each_row(p, |b, h, i, o| {
+        let hkv = h / (hq / hk);
+        let q = p.q.row(b, i, h);
+        // Key tiles this row's query tile visits (the whole tile shares one bound).
+        let m0 = i / block_m * block_m;
+        let n_tiles_total = sk.div_ceil(block_n) as i64;
+        let n_tiles = if p.causal {
+            let last_key = (m0 + block_m - 1) as i64 + off;
+            if last_key < 0 { 0 } else { n_tiles_total.min(last_key / block_n as i64 + 1) }
+        } else {
+            n_tiles_total
+        } as usize;
+        let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
+        let mut acc = vec![0.0f32; d];
+        for t in 0..n_tiles {
+            let cols = t * block_n..((t + 1) * block_n).min(sk);
+            let s: Vec<f32> = cols
+                .clone()
+                .map(|j| {
+                    let visible = !p.causal || (j as i64) <= i as i64 + off;
+                    if visible {
+                        q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum()
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let m_new = s.iter().cloned().fold(m, f32::max);
+            let m_scaled = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new * scale_log2 };
+            let alpha = if m == f32::NEG_INFINITY { 1.0 } else { (m * scale_log2 - m_scaled).exp2() };
+            m = m_new;
+            l *= alpha;
+            acc.iter_mut().for_each(|a| *a *= alpha);
+            for (j, &sj) in cols.zip(&s) {
+                let pj = (sj * scale_log2 - m_scaled).exp2();
+                l += pj;
+                let pr = round(pj);
+                for (a, &vc) in acc.iter_mut().zip(p.v.row(b, j, hkv)) {
+                    *a += pr * vc;
+                }
+            }
+        }
+        if l == 0.0 {
+            return f32::INFINITY;
+        }
+        for (oc, a) in o.iter_mut().zip(&acc) {
+            *oc = round(a / l);
+        }
+        m * p.scale + l.ln()
+    })
+}
+
+/// Largest absolute difference; NaN anywhere counts as infinite. Positions where the
+/// reference is infinite (LSE of empty rows) must match exactly.
+pub fn max_abs_err<T: Copy + Into<f64>>(got: &[T], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter().zip(want).fold(0.0f64, |acc, (&g, &w)| {
+        let g: f64 = g.into();
+        let e = if g.is_nan() || w.is_nan() {
+            f64::INFINITY
+        } else if w.is_infinite() || g.is_infinite() {
+            if g == w { 0.0 } else { f64::INFINITY }
+        } else {
+            (g - w).abs()
+        };
+        acc.max(e)
+    })
+}
+
+/// FlashAttention's acceptance rule: a kernel's error against the f64 reference is at
+/// most twice the naive low-precision error plus a tiny absolute slack.
+pub fn within_budget(kernel_err: f64, naive_err: f64, slack: f64) -> bool {
+    kernel_err <= 2.0 * naive_err + slack
+}
