@@ -232,6 +232,35 @@ impl DeviceTensor {
         })
     }
 
+    /// Uploads f32 host data given in logical order (packed `layout.shape`) into a buffer of
+    /// `buffer_len` elements laid out by `layout`; elements no index reaches hold `fill`.
+    pub fn from_f32_strided(
+        stream: &Arc<CudaStream>,
+        dtype: DType,
+        layout: Layout,
+        buffer_len: usize,
+        data: &[f32],
+        fill: f32,
+    ) -> Result<Self> {
+        if data.len() != layout.numel() || layout.extent().is_none_or(|e| e > buffer_len) {
+            return Err(AttnError::HostData(format!(
+                "{} values, layout {layout:?}, buffer of {buffer_len}: they do not fit",
+                data.len()
+            )));
+        }
+        let mut raw = vec![fill; buffer_len];
+        let [b, s, h, d] = layout.shape;
+        let mut src = data.iter();
+        for idx in (0..b).flat_map(|bi| (0..s).flat_map(move |si| (0..h).flat_map(move |hi| (0..d).map(move |di| [bi, si, hi, di])))) {
+            raw[layout.offset(idx)] = *src.next().expect("length checked");
+        }
+        let mut t = Self::from_f32(stream, dtype, [1, 1, 1, buffer_len], &raw)?;
+        match &mut t {
+            DeviceTensor::F16(_, l) | DeviceTensor::BF16(_, l) => *l = layout,
+        }
+        Ok(t)
+    }
+
     /// Uninitialised packed tensor.
     pub fn alloc(stream: &Arc<CudaStream>, dtype: DType, shape: [usize; 4]) -> Result<Self> {
         let layout = Layout::contiguous(shape);
@@ -290,11 +319,15 @@ impl DeviceTensor {
 
     /// Downloads as f32, in logical (packed row-major) order.
     pub fn to_f32(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>> {
-        let (raw, layout): (Vec<f32>, Layout) = match self {
-            DeviceTensor::F16(s, l) => (stream.clone_dtoh(s)?.iter().map(|x| x.to_f32()).collect(), *l),
-            DeviceTensor::BF16(s, l) => (stream.clone_dtoh(s)?.iter().map(|x| x.to_f32()).collect(), *l),
-        };
-        Ok(gather(&raw, &layout))
+        Ok(gather(&self.raw_f32(stream)?, &self.layout()))
+    }
+
+    /// The whole buffer as f32, in storage order (padding included).
+    pub fn raw_f32(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>> {
+        Ok(match self {
+            DeviceTensor::F16(s, _) => stream.clone_dtoh(s)?.iter().map(|x| x.to_f32()).collect(),
+            DeviceTensor::BF16(s, _) => stream.clone_dtoh(s)?.iter().map(|x| x.to_f32()).collect(),
+        })
     }
 
     /// Overwrites the whole buffer with one value (used to poison outputs in tests).

@@ -276,7 +276,7 @@ impl KernelReport {
 /// Finds `ptxas`: `$FA3_PTXAS`, then `PATH`, then PyPI's `nvidia-cuda-nvcc` wheel in
 /// any `site-packages` that `python3` knows.
 pub fn find_ptxas() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FA3_PTXAS") {
+    if let Some(p) = std::env::var_os("FA3_PTXAS").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
     if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {

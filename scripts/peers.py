@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Times PyTorch SDPA's FlashAttention-2 and cuDNN backends on the FA3 paper's grid.
+
+Same grid, FLOP count and timing method as `fa3 bench`: batch = 16384 / seqlen,
+heads = 2048 / hdim, random normal inputs, median of --iters launches after --warmup,
+CUDA events. Writes CSV: impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops
+"""
+import argparse, sys
+import torch
+from torch.nn.attention import sdpa_kernel, SDPBackend
+import torch.nn.functional as F
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtype", default="f16", choices=["f16", "bf16"])
+p.add_argument("--hdims", default="64,128,256")
+p.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+p.add_argument("--causal", default="both", choices=["off", "on", "both"])
+p.add_argument("--warmup", type=int, default=5)
+p.add_argument("--iters", type=int, default=20)
+p.add_argument("--csv", required=True)
+a = p.parse_args()
+dt = torch.float16 if a.dtype == "f16" else torch.bfloat16
+backends = {"torch-fa2": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
+causals = {"off": [False], "on": [True], "both": [False, True]}[a.causal]
+rows = ["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops"]
+for d in map(int, a.hdims.split(",")):
+    for s in map(int, a.seqlens.split(",")):
+        b, h = 16384 // s, 2048 // d
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
+        for causal in causals:
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            for name, be in backends.items():
+                try:
+                    with sdpa_kernel(be):
+                        for _ in range(a.warmup):
+                            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(a.iters)]
+                        for st, en in ev:
+                            st.record()
+                            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            en.record()
+                        torch.cuda.synchronize()
+                    ms = sorted(st.elapsed_time(en) for st, en in ev)[a.iters // 2]
+                    tf = flops / (ms * 1e-3) / 1e12
+                    rows.append(f"{name},{a.dtype},{d},{s},{b},{h},{int(causal)},{ms:.4f},{tf:.1f}")
+                    print(f"{name:12} d={d:3} s={s:5} causal={int(causal)} {ms:8.4f} ms {tf:6.1f} TFLOP/s", flush=True)
+                except Exception as e:  # a backend may not support a config
+                    print(f"{name} d={d} s={s} causal={causal}: {e}", file=sys.stderr)
+        del q, k, v
+open(a.csv, "w").write("\n".join(rows) + "\n")

@@ -1,0 +1,238 @@
+//! The CPU side of correctness: the f64 reference has the properties attention must
+//! have, and the tiled online-softmax algorithm (what the kernels run) equals it on
+//! random shapes, tile sizes and masks, extreme logits included.
+use flash_attn3::DType;
+use flash_attn3::reference::{
+    HostTensor, Problem, Tiling, attention_f64, attention_lowp, attention_tiled, max_abs_err, rng,
+};
+use proptest::prelude::*;
+
+fn randn(shape: [usize; 4], seed: u64, std: f32) -> HostTensor {
+    HostTensor::randn(shape, DType::BF16, std, &mut rng(seed))
+}
+
+/// Largest |scale * q.k| over all pairs (an upper bound via norms).
+fn max_logit(q: &HostTensor, k: &HostTensor, scale: f32) -> f32 {
+    let norm = |t: &HostTensor| {
+        t.data.chunks(t.shape[3]).map(|r| r.iter().map(|x| x * x).sum::<f32>().sqrt()).fold(0.0f32, f32::max)
+    };
+    scale.abs() * norm(q) * norm(k)
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    b: usize,
+    sq: usize,
+    sk: usize,
+    hk: usize,
+    group: usize,
+    d: usize,
+    causal: bool,
+    scale: f32,
+    std: f32,
+    block_m: usize,
+    block_n: usize,
+    seed: u64,
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    (
+        (1usize..3, 1usize..80, 1usize..80, 1usize..3, 1usize..4, prop::sample::select(vec![4usize, 8, 16, 32])),
+        (any::<bool>(), prop::sample::select(vec![0.05f32, 0.25, 1.0, 8.0, 40.0]), prop::sample::select(vec![0.5f32, 1.0, 3.0])),
+        (1usize..70, 1usize..70, any::<u64>()),
+    )
+        .prop_map(|((b, sq, sk, hk, group, d), (causal, scale, std), (block_m, block_n, seed))| Case {
+            b,
+            sq,
+            sk,
+            hk,
+            group,
+            d,
+            causal,
+            scale,
+            std,
+            block_m,
+            block_n,
+            seed,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// The FlashAttention-2 algorithm (tiles, online softmax in base 2, one final rescale,
+    /// causal tiles skipped) computes exact attention, for any tile shape, with seqlen_q
+    /// != seqlen_k, GQA, and logits up to a few hundred in magnitude.
+    #[test]
+    fn tiled_online_softmax_equals_exact_attention(c in cases()) {
+        let hq = c.hk * c.group;
+        let q = randn([c.b, c.sq, hq, c.d], c.seed, c.std);
+        let k = randn([c.b, c.sk, c.hk, c.d], c.seed ^ 1, c.std);
+        let v = randn([c.b, c.sk, c.hk, c.d], c.seed ^ 2, 1.0);
+        let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: c.scale };
+        let exact = attention_f64(&p);
+        let tiled = attention_tiled(&p, Tiling { block_m: c.block_m, block_n: c.block_n }, None);
+        let o_err = max_abs_err(&tiled.o, &exact.o);
+        // f32 rounds the exponent argument s * scale * log2(e) to ~|arg| * 2^-24; that
+        // relative error of the weights reaches O through the V values.
+        let max_arg = max_logit(&q, &k, c.scale) as f64 * std::f64::consts::LOG2_E;
+        let max_v = v.data.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
+        let bound = 2e-5 + 4.0 * max_arg * f64::powi(2.0, -23) * max_v;
+        prop_assert!(o_err < bound, "O error {o_err:e} > {bound:e}");
+        // LSE grows with the logits; f32 keeps ~7 digits of it.
+        let lse_mag = exact.lse.iter().filter(|x| x.is_finite()).fold(1.0f64, |m, x| m.max(x.abs()));
+        let lse_err = max_abs_err(&tiled.lse, &exact.lse);
+        prop_assert!(lse_err <= 1e-5 * lse_mag, "LSE error {lse_err:e} (|LSE| up to {lse_mag})");
+    }
+
+    /// The naive low-precision implementation is close to exact, but not exact: the budget
+    /// it sets is meaningful (never zero, never huge).
+    #[test]
+    fn naive_low_precision_error_is_small_but_nonzero(seed in any::<u64>(), causal in any::<bool>()) {
+        let (b, s, h, d) = (1, 48, 2, 32);
+        let q = randn([b, s, h, d], seed, 1.0);
+        let k = randn([b, s, h, d], seed ^ 1, 1.0);
+        let v = randn([b, s, h, d], seed ^ 2, 1.0);
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.2 };
+        let exact = attention_f64(&p);
+        for dtype in DType::ALL {
+            let err = max_abs_err(&attention_lowp(&p, dtype).o, &exact.o);
+            let ulp = if dtype == DType::F16 { 1e-3 } else { 8e-3 };
+            prop_assert!(err > 0.0 && err < 4.0 * ulp, "{dtype:?}: naive error {err:e}");
+        }
+    }
+}
+
+/// Rows of the softmax sum to one: with V all ones, O is all ones (wherever a key is visible).
+#[test]
+fn softmax_rows_sum_to_one() {
+    let (b, sq, sk, h, d) = (2, 37, 53, 3, 16);
+    let q = randn([b, sq, h, d], 7, 2.0);
+    let k = randn([b, sk, h, d], 8, 2.0);
+    let v = HostTensor::new([b, sk, h, d], vec![1.0; b * sk * h * d]);
+    for causal in [false, true] {
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.7 };
+        let r = attention_f64(&p);
+        assert!(r.o.iter().all(|&x| (x - 1.0).abs() < 1e-12));
+    }
+}
+
+/// LSE is log(sum_j exp(scale * q.k_j)) computed directly.
+#[test]
+fn lse_is_log_sum_exp_of_scaled_scores() {
+    let (sq, sk, d) = (5, 9, 8);
+    let q = randn([1, sq, 1, d], 1, 1.0);
+    let k = randn([1, sk, 1, d], 2, 1.0);
+    let v = randn([1, sk, 1, d], 3, 1.0);
+    let p = Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.5 };
+    let r = attention_f64(&p);
+    for i in 0..sq {
+        let direct: f64 = (0..sk)
+            .map(|j| {
+                let s: f64 = q.row(0, i, 0).iter().zip(k.row(0, j, 0)).map(|(&a, &b)| a as f64 * b as f64).sum();
+                (0.5 * s).exp()
+            })
+            .sum::<f64>()
+            .ln();
+        assert!((r.lse[i] - direct).abs() < 1e-12, "row {i}: {} vs {direct}", r.lse[i]);
+    }
+}
+
+/// Bottom-right causal alignment: with seqlen_q < seqlen_k the last query row sees every
+/// key and row i sees i + seqlen_k - seqlen_q + 1 keys; row 0 with seqlen_q == seqlen_k
+/// returns V's first row.
+#[test]
+fn causal_mask_is_bottom_right_aligned() {
+    let d = 8;
+    let q = randn([1, 4, 1, d], 11, 1.0);
+    let k = randn([1, 10, 1, d], 12, 1.0);
+    let v = randn([1, 10, 1, d], 13, 1.0);
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.3 };
+    assert_eq!((0..4).map(|i| p.visible_keys(i)).collect::<Vec<_>>(), vec![7, 8, 9, 10]);
+    let full = attention_f64(&Problem { causal: false, ..p });
+    let causal = attention_f64(&p);
+    // The last row sees everything: same as non-causal.
+    assert_eq!(&causal.o[3 * d..], &full.o[3 * d..]);
+    assert_ne!(&causal.o[..d], &full.o[..d]);
+
+    let q2 = randn([1, 10, 1, d], 14, 1.0);
+    let p2 = Problem { q: &q2, k: &k, v: &v, causal: true, scale: 0.3 };
+    let r = attention_f64(&p2);
+    for c in 0..d {
+        assert!((r.o[c] - v.data[c] as f64).abs() < 1e-12);
+    }
+}
+
+/// seqlen_q > seqlen_k with a causal mask leaves the first rows without any key:
+/// O = 0 and LSE = +inf there (FlashAttention's convention), in every implementation.
+#[test]
+fn rows_without_keys_give_zero_output_and_infinite_lse() {
+    let (sq, sk, d) = (20, 6, 16);
+    let q = randn([1, sq, 2, d], 21, 1.0);
+    let k = randn([1, sk, 2, d], 22, 1.0);
+    let v = randn([1, sk, 2, d], 23, 1.0);
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.25 };
+    let empty_rows = sq - sk; // rows 0..14 see no key
+    let exact = attention_f64(&p);
+    let tiled = attention_tiled(&p, Tiling { block_m: 8, block_n: 4 }, None);
+    let naive = attention_lowp(&p, DType::F16);
+    for h in 0..2 {
+        for i in 0..sq {
+            let lse = [exact.lse[h * sq + i], tiled.lse[h * sq + i] as f64, naive.lse[h * sq + i] as f64];
+            let o_row = |o: &[f64]| o[(i * 2 + h) * d..(i * 2 + h + 1) * d].iter().all(|&x| x == 0.0);
+            if i < empty_rows {
+                assert!(lse.iter().all(|&l| l == f64::INFINITY), "row {i}: {lse:?}");
+                assert!(o_row(&exact.o));
+                assert!(o_row(&tiled.o.iter().map(|&x| x as f64).collect::<Vec<_>>()));
+            } else {
+                assert!(lse.iter().all(|l| l.is_finite()), "row {i}: {lse:?}");
+            }
+        }
+    }
+}
+
+/// Extreme logits: huge scale (one key dominates), and all-equal scores (uniform weights).
+#[test]
+fn extreme_and_constant_logits_stay_finite_and_exact() {
+    let (s, d) = (70, 32);
+    let q = randn([1, s, 1, d], 31, 3.0);
+    let k = randn([1, s, 1, d], 32, 3.0);
+    let v = randn([1, s, 1, d], 33, 1.0);
+    for scale in [100.0f32, 1000.0] {
+        let p = Problem { q: &q, k: &k, v: &v, causal: false, scale };
+        let exact = attention_f64(&p);
+        let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16 }, None);
+        assert!(tiled.o.iter().all(|x| x.is_finite()));
+        assert!(max_abs_err(&tiled.o, &exact.o) < 5e-5);
+    }
+    // q = 0: every score is 0, weights uniform, O = mean of visible V rows, LSE = ln(n).
+    let zeros = HostTensor::new([1, s, 1, d], vec![0.0; s * d]);
+    let p = Problem { q: &zeros, k: &k, v: &v, causal: true, scale: 1.0 };
+    let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16 }, None);
+    for i in [0usize, 9, 69] {
+        let n = i + 1;
+        let mean: f32 = (0..n).map(|j| v.data[j * d]).sum::<f32>() / n as f32;
+        assert!((tiled.o[i * d] - mean).abs() < 1e-5);
+        assert!((tiled.lse[i] - (n as f32).ln()).abs() < 1e-5);
+    }
+}
+
+/// Without a mask, permuting the keys (with their values) changes nothing.
+#[test]
+fn output_is_invariant_under_key_permutation() {
+    let (s, d) = (23, 8);
+    let q = randn([1, 5, 1, d], 41, 1.0);
+    let k = randn([1, s, 1, d], 42, 1.0);
+    let v = randn([1, s, 1, d], 43, 1.0);
+    let perm = |t: &HostTensor| {
+        let mut data = Vec::new();
+        for j in (0..s).rev() {
+            data.extend_from_slice(t.row(0, j, 0));
+        }
+        HostTensor::new(t.shape, data)
+    };
+    let (k2, v2) = (perm(&k), perm(&v));
+    let a = attention_f64(&Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.4 });
+    let b = attention_f64(&Problem { q: &q, k: &k2, v: &v2, causal: false, scale: 0.4 });
+    assert!(max_abs_err(&a.o.iter().map(|&x| x as f32).collect::<Vec<_>>(), &b.o) < 1e-6);
+}

@@ -1,0 +1,198 @@
+//! Every misuse of the forward API gets its own precise error, checked without a GPU
+//! through the planner that `flash_attn_func` runs before any launch.
+use flash_attn3::{Arg, AttnError, AttnOptions, DType, Layout, TensorDesc, plan_forward};
+
+const BASE: u64 = 0x7f00_0000_0000;
+
+fn packed(shape: [usize; 4], dtype: DType) -> TensorDesc {
+    let layout = Layout::contiguous(shape);
+    TensorDesc { dtype, layout, addr: BASE, buffer_len: layout.numel() }
+}
+
+struct Call {
+    q: TensorDesc,
+    k: TensorDesc,
+    v: TensorDesc,
+    out: TensorDesc,
+    lse: (u64, usize),
+    opts: AttnOptions,
+}
+
+impl Call {
+    /// A valid call: 2 x 300 x 8 x 128 queries, 2 x 500 x 2 x 128 keys (GQA 4), bf16.
+    fn good() -> Self {
+        let (q, kv) = ([2, 300, 8, 128], [2, 500, 2, 128]);
+        Call {
+            q: packed(q, DType::BF16),
+            k: packed(kv, DType::BF16),
+            v: packed(kv, DType::BF16),
+            out: packed(q, DType::BF16),
+            lse: (BASE, 2 * 8 * 300),
+            opts: AttnOptions::default(),
+        }
+    }
+
+    fn plan(&self) -> Result<flash_attn3::plan::FwdPlan, AttnError> {
+        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts)
+    }
+
+    fn err(self) -> AttnError {
+        self.plan().expect_err("this call must be rejected")
+    }
+}
+
+#[test]
+fn a_valid_call_is_planned_with_the_default_scale() {
+    let plan = Call::good().plan().unwrap();
+    assert_eq!(plan.grid, (300usize.div_ceil(64) as u32, 8, 2));
+    assert_eq!(plan.params.kv_group, 4);
+    assert!((plan.params.softmax_scale - 1.0 / 128f32.sqrt()).abs() < 1e-7);
+    assert_eq!(plan.kernel.hdim, 128);
+    assert_eq!(plan.kernel.dtype, DType::BF16);
+}
+
+#[test]
+fn strided_views_are_accepted() {
+    let mut c = Call::good();
+    // [b, h, s, d] storage viewed as [b, s, h, d]: head stride s*d, row stride d.
+    c.q.layout.strides = [8 * 300 * 128, 128, 300 * 128, 1];
+    let p = c.plan().unwrap();
+    assert_eq!((p.params.q_strides.row, p.params.q_strides.head), (128, 300 * 128));
+}
+
+#[test]
+fn dtype_mismatch_is_rejected() {
+    let mut c = Call::good();
+    c.k.dtype = DType::F16;
+    assert!(matches!(c.err(), AttnError::DTypeMismatch { q: DType::BF16, k: DType::F16, v: DType::BF16 }));
+    let mut c = Call::good();
+    c.out.dtype = DType::F16;
+    assert!(matches!(c.err(), AttnError::OutDType { .. }));
+}
+
+#[test]
+fn unsupported_head_dims_are_rejected() {
+    for d in [32, 96, 160, 512] {
+        let mut c = Call::good();
+        for t in [&mut c.q, &mut c.k, &mut c.v, &mut c.out] {
+            t.layout = Layout::contiguous([t.layout.shape[0], t.layout.shape[1], t.layout.shape[2], d]);
+            t.buffer_len = t.layout.numel();
+        }
+        assert!(matches!(c.err(), AttnError::UnsupportedHeadDim { hdim, .. } if hdim == d));
+    }
+}
+
+#[test]
+fn shape_mismatches_are_rejected() {
+    let mut c = Call::good();
+    c.v = packed([2, 499, 2, 128], DType::BF16);
+    assert!(matches!(c.err(), AttnError::ShapeMismatch(m) if m.contains("k and v")));
+    let mut c = Call::good();
+    c.k = packed([3, 500, 2, 128], DType::BF16);
+    c.v = c.k;
+    assert!(matches!(c.err(), AttnError::ShapeMismatch(m) if m.contains("batch")));
+    let mut c = Call::good();
+    c.k = packed([2, 500, 2, 64], DType::BF16);
+    c.v = c.k;
+    assert!(matches!(c.err(), AttnError::ShapeMismatch(m) if m.contains("head dim")));
+    let mut c = Call::good();
+    c.out = packed([2, 301, 8, 128], DType::BF16);
+    assert!(matches!(c.err(), AttnError::ShapeMismatch(m) if m.contains("out")));
+}
+
+#[test]
+fn heads_must_divide() {
+    let mut c = Call::good();
+    c.k = packed([2, 500, 3, 128], DType::BF16);
+    c.v = c.k;
+    assert!(matches!(c.err(), AttnError::HeadsNotDivisible { heads_q: 8, heads_k: 3 }));
+}
+
+#[test]
+fn empty_dimensions_are_rejected() {
+    for dim in 0..3 {
+        let mut c = Call::good();
+        c.q.layout.shape[dim] = 0;
+        assert!(matches!(c.err(), AttnError::EmptyDim { arg: Arg::Q, .. }));
+    }
+    let mut c = Call::good();
+    c.k.layout.shape[1] = 0;
+    assert!(matches!(c.err(), AttnError::EmptyDim { arg: Arg::K, .. }));
+}
+
+#[test]
+fn non_contiguous_head_dim_is_rejected() {
+    let mut c = Call::good();
+    c.v.layout.strides[3] = 2;
+    c.v.buffer_len *= 2;
+    assert!(matches!(c.err(), AttnError::NonContiguousLastDim { arg: Arg::V, stride: 2 }));
+}
+
+#[test]
+fn misalignment_is_rejected() {
+    let mut c = Call::good();
+    c.q.addr += 2;
+    assert!(matches!(c.err(), AttnError::Misaligned { arg: Arg::Q, .. }));
+    let mut c = Call::good();
+    // Row stride of 129 elements: rows no longer start on 16-byte boundaries.
+    c.k.layout.strides = [500 * 2 * 129, 2 * 129, 129, 1];
+    c.k.buffer_len = 2 * 500 * 2 * 129;
+    assert!(matches!(c.err(), AttnError::Misaligned { arg: Arg::K, detail } if detail.contains("seqlen stride 258")));
+    let mut c = Call::good();
+    c.lse.0 += 2;
+    assert!(matches!(c.err(), AttnError::Misaligned { arg: Arg::Lse, .. }));
+}
+
+#[test]
+fn views_past_the_buffer_are_rejected() {
+    let mut c = Call::good();
+    c.k.buffer_len -= 1;
+    assert!(matches!(c.err(), AttnError::OutOfBounds { arg: Arg::K, .. }));
+    let mut c = Call::good();
+    c.out.layout.strides[0] *= 2;
+    assert!(matches!(c.err(), AttnError::OutOfBounds { arg: Arg::Out, .. }));
+    let mut c = Call::good();
+    c.lse.1 = 2 * 8 * 300 - 1;
+    assert!(matches!(c.err(), AttnError::OutOfBounds { arg: Arg::Lse, needed: 4800, len: 4799 }));
+    let mut c = Call::good();
+    c.q.layout.shape[0] = 3;
+    c.q.layout.strides[0] = usize::MAX / 2 + 8;
+    assert!(matches!(c.err(), AttnError::TooLarge(_)));
+}
+
+#[test]
+fn oversized_launches_are_rejected() {
+    let mut c = Call::good();
+    c.q = packed([70_000, 1, 8, 128], DType::BF16);
+    c.k = packed([70_000, 1, 2, 128], DType::BF16);
+    c.v = c.k;
+    c.out = c.q;
+    c.lse.1 = 70_000 * 8;
+    assert!(matches!(c.err(), AttnError::TooLarge(m) if m.contains("batch")));
+}
+
+#[test]
+fn non_finite_scale_is_rejected() {
+    for s in [f32::NAN, f32::INFINITY] {
+        let mut c = Call::good();
+        c.opts = c.opts.softmax_scale(s);
+        assert!(matches!(c.err(), AttnError::InvalidScale(_)));
+    }
+}
+
+#[test]
+fn errors_read_well() {
+    let msg = Call { k: packed([2, 500, 3, 128], DType::BF16), v: packed([2, 500, 3, 128], DType::BF16), ..Call::good() }
+        .err()
+        .to_string();
+    assert_eq!(msg, "heads of q (8) must be a multiple of heads of k/v (3)");
+}
+
+#[test]
+fn no_driver_is_an_error_not_a_crash() {
+    if flash_attn3::driver_present() {
+        eprintln!("skipped: a CUDA driver is present on this machine");
+        return;
+    }
+    assert!(matches!(flash_attn3::Gpu::new(0), Err(AttnError::NoDriver)));
+}
