@@ -19,6 +19,18 @@ fn targets_sm90a_and_exports_every_kernel() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The host passes `FwdParams` by value: its size must be what the PTX declares.
+fn param_block_matches_the_host_struct() -> Result<(), Failed> {
+    let size = std::mem::size_of::<common::FwdParams>();
+    for k in common::KERNELS.iter().filter(|k| k.tma_param_bytes == 0) {
+        let decl = format!(".b8 {}_param_0[{size}]", k.name);
+        if !PTX.contains(&decl) {
+            return Err(format!("{}: no `{decl}` parameter in the PTX", k.name).into());
+        }
+    }
+    Ok(())
+}
+
 /// Every helper is inlined and nothing can reach a panic (which would need `.func`s of
 /// core's panic machinery).
 fn kernels_cannot_panic() -> Result<(), Failed> {
@@ -64,6 +76,7 @@ fn main() {
     let trials = vec![
         Trial::test("targets_sm90a_and_exports_every_kernel", targets_sm90a_and_exports_every_kernel),
         Trial::test("kernels_cannot_panic", kernels_cannot_panic),
+        Trial::test("param_block_matches_the_host_struct", param_block_matches_the_host_struct),
         ptxas_trial,
     ];
     libtest_mimic::run(&args, trials).exit();

@@ -30,6 +30,7 @@ USAGE:
             Times the forward pass over the FlashAttention-3 paper's grid
             (batch = 16384 / seqlen, heads = 2048 / hdim).
   fa3 info  GPU, driver and kernels.
+  fa3 ptx   Prints the embedded PTX module (for ptxas / cuobjdump).
 ";
 
 fn main() -> ExitCode {
@@ -38,6 +39,10 @@ fn main() -> ExitCode {
         Some("run") => cmd_run(&args[1..]),
         Some("bench") => cmd_bench(&args[1..]),
         Some("info") => cmd_info(&args[1..]),
+        Some("ptx") => {
+            print!("{}", flash_attn3::gpu::PTX);
+            Ok(())
+        }
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             Ok(())
