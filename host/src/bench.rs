@@ -4,6 +4,7 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::plan::AttnOptions;
 use crate::tensor::{TensorMut, TensorRef};
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
 
@@ -41,8 +42,9 @@ pub fn time_forward(
     let ctx = gpu.context();
     let mut events = Vec::with_capacity(iters);
     for _ in 0..iters {
-        let start = ctx.new_event(None)?;
-        let end = ctx.new_event(None)?;
+        // Timing events (cudarc's default disables timing).
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         start.record(stream)?;
         flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
         end.record(stream)?;
