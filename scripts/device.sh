@@ -1,31 +1,55 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repo root, after scripts/device-prep.sh staged .device/.
-# usage: scripts/device.sh STEP...   (steps: info tests check bench peers table sass sanitize)
-# Logs and CSVs go to $OUT (default /tmp/fa3-out).
+# usage: scripts/device.sh STEP...
+#   info smoke tests check bench peers table sass sanitize ablation
+# Env: DTYPE (f16), ALGO (fa3), BENCH_ARGS, PEER_ARGS, TESTS_FILTER.
+# Logs and CSVs go to $OUT (default /tmp/fa3-out). Every step has a time limit so a hang
+# costs minutes, not the whole call.
 set -uo pipefail
 B=.device/bin
 OUT=${OUT:-/tmp/fa3-out}
 DTYPE=${DTYPE:-f16}
+ALGO=${ALGO:-fa3}
 mkdir -p "$OUT"
 status=0
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
     info) nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv; $B/fa3 info ;;
-    tests) FA3_REQUIRE_GPU=1 $B/gpu 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^    ' ; status=$((status | $?)) ;;
-    check) $B/fa3 run --random 2x4096x16x128 --causal --dtype bf16 --check || status=1 ;;
-    bench) $B/fa3 bench --dtype "$DTYPE" --csv "$OUT/ours_$DTYPE.csv" ${BENCH_ARGS:-} > "$OUT/bench_$DTYPE.log" || status=1; tail -n 3 "$OUT/bench_$DTYPE.log" ;;
-    peers) python3 scripts/peers.py --dtype "$DTYPE" --csv "$OUT/peers_$DTYPE.csv" ${PEER_ARGS:-} > "$OUT/peers_$DTYPE.log" 2>&1 || status=1; tail -n 2 "$OUT/peers_$DTYPE.log" ;;
-    table) python3 scripts/compare.py "$OUT/ours_$DTYPE.csv" "$OUT/peers_$DTYPE.csv" | tee "$OUT/table_$DTYPE.md" ;;
+    smoke)
+      for d in 64 128 256; do
+        timeout 60 $B/fa3 run --random 1x300x2x$d --dtype bf16 --causal --check --algo "$ALGO" 2>&1 | grep -E "check|error" || { echo "smoke d=$d FAILED"; status=1; }
+      done ;;
+    tests) FA3_REQUIRE_GPU=1 timeout 400 $B/gpu ${TESTS_FILTER:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^    |\.\.\. ok$' ; status=$((status | $?)) ;;
+    check) timeout 120 $B/fa3 run --random 2x4096x16x128 --causal --dtype bf16 --check --algo "$ALGO" || status=1 ;;
+    bench) timeout 300 $B/fa3 bench --dtype "$DTYPE" --algo "$ALGO" --csv "$OUT/ours_${ALGO}_$DTYPE.csv" ${BENCH_ARGS:-} > "$OUT/bench_${ALGO}_$DTYPE.log" || status=1; tail -n 3 "$OUT/bench_${ALGO}_$DTYPE.log" ;;
+    ablation)
+      for a in fa3 fa3-nopingpong fa3-nooverlap fa3-nows fa2; do
+        timeout 120 $B/fa3 bench --dtype f16 --hdims 128 --seqlens 512,1024,2048,4096,8192,16384 --algo $a --csv "$OUT/ablation_$a.csv" > /dev/null || status=1
+      done
+      python3 scripts/compare.py "$OUT"/ablation_*.csv | tee "$OUT/ablation.md" ;;
+    peers) timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$OUT/peers_$DTYPE.csv" ${PEER_ARGS:-} > "$OUT/peers_$DTYPE.log" 2>&1 || status=1; tail -n 2 "$OUT/peers_$DTYPE.log" ;;
+    table) python3 scripts/compare.py "$OUT"/ours_*_"$DTYPE".csv "$OUT/peers_$DTYPE.csv" | tee "$OUT/table_$DTYPE.md" ;;
     sass)
       $B/fa3 ptx > "$OUT/kernels.ptx"
-      ptxas -arch=sm_90a -v "$OUT/kernels.ptx" -o /tmp/k.cubin 2>&1 | tee "$OUT/ptxas.log" | grep -E "Function properties|Used|stack|warning"
+      ptxas -arch=sm_90a -v "$OUT/kernels.ptx" -o /tmp/k.cubin > "$OUT/ptxas.log" 2>&1
+      grep -E "warning" "$OUT/ptxas.log"
       cuobjdump -sass /tmp/k.cubin > /tmp/k.sass
       for f in $(grep -oE "Function : [a-z0-9_]+" /tmp/k.sass | awk '{print $3}'); do
         awk -v f="$f" '/Function : /{p=($3==f)} p' /tmp/k.sass > /tmp/one.sass
-        printf "%-28s HGMMA %4d  HMMA %4d  LDL %3d  STL %3d\n" "$f" "$(grep -c HGMMA /tmp/one.sass)" "$(grep -c HMMA /tmp/one.sass)" "$(grep -c 'LDL' /tmp/one.sass)" "$(grep -c 'STL' /tmp/one.sass)"
+        regs=$(grep -A2 "Function properties for $f\$" "$OUT/ptxas.log" | grep -oE "Used [0-9]+ registers" | grep -oE "[0-9]+")
+        printf "%-32s regs %3s HGMMA %4d HMMA %4d USETMAXREG %d UTMALDG %d UTMASTG %d LDL %d STL %d\n" "$f" "$regs" \
+          "$(grep -c HGMMA /tmp/one.sass)" "$(grep -c 'HMMA' /tmp/one.sass)" "$(grep -c USETMAXREG /tmp/one.sass)" \
+          "$(grep -c UTMALDG /tmp/one.sass)" "$(grep -c UTMASTG /tmp/one.sass)" "$(grep -c 'LDL' /tmp/one.sass)" "$(grep -c 'STL' /tmp/one.sass)"
       done | tee "$OUT/sass_summary.txt"
       gzip -c /tmp/k.sass > "$OUT/kernels.sass.gz" ;;
+    sanitize)
+      for tool in memcheck racecheck synccheck; do
+        for d in 64 128 256; do
+          r=$(timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random 1x200x2x$d --causal --dtype f16 --algo "$ALGO" 2>&1 | grep -E "ERROR SUMMARY|error" | tail -1)
+          echo "$tool d=$d: ${r:-no summary (rc $?)}"
+        done
+      done | tee "$OUT/sanitize.log" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

@@ -26,19 +26,16 @@ impl DType {
     }
 }
 
+pub mod fa3;
+pub mod gmma;
+
 /// Which forward kernel family to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algo {
     /// FlashAttention-2 on `mma.sync` (any sm_80+ part; the portable fallback).
     Fa2,
-}
-
-impl Algo {
-    pub const fn prefix(self) -> &'static str {
-        match self {
-            Algo::Fa2 => "fa2_fwd",
-        }
-    }
+    /// FlashAttention-3 on Hopper: TMA, mbarrier pipeline, WGMMA, with the given techniques.
+    Fa3(fa3::Techniques),
 }
 
 /// A compiled kernel entry point.
@@ -51,23 +48,40 @@ pub struct KernelEntry {
     /// Bytes of the leading `.param` that holds TMA descriptors and must be 64-byte
     /// aligned (0: the kernel takes no descriptors).
     pub tma_param_bytes: u32,
+    /// Threads per CTA the kernel is built for; non-zero adds `.maxntid N,1,1` and
+    /// `.minnctapersm 1` to the entry, which `setmaxnreg` needs (a register cap at entry).
+    pub launch_bounds: u32,
 }
 
 macro_rules! fa2_entries {
     ($($name:literal => $hdim:literal, $dtype:ident;)*) => {
-        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0 },)*]
+        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0, launch_bounds: 0 },)*]
     };
 }
 
-/// Every kernel the PTX module exports. The kernel crate defines exactly these
-/// (the PTX builder checks both directions).
-pub const KERNELS: [KernelEntry; 6] = fa2_entries! {
+const FA2_KERNELS: [KernelEntry; 6] = fa2_entries! {
     "fa2_fwd_hdim64_f16" => 64, F16;
     "fa2_fwd_hdim128_f16" => 128, F16;
     "fa2_fwd_hdim256_f16" => 256, F16;
     "fa2_fwd_hdim64_bf16" => 64, BF16;
     "fa2_fwd_hdim128_bf16" => 128, BF16;
     "fa2_fwd_hdim256_bf16" => 256, BF16;
+};
+
+/// Every kernel the PTX module exports. The kernel crate defines exactly these
+/// (the PTX builder checks both directions).
+pub const KERNELS: [KernelEntry; 15] = {
+    let mut all = [FA2_KERNELS[0]; 15];
+    let mut i = 0;
+    while i < 6 {
+        all[i] = FA2_KERNELS[i];
+        i += 1;
+    }
+    while i < 15 {
+        all[i] = fa3::KERNELS[i - 6];
+        i += 1;
+    }
+    all
 };
 
 /// Looks up the kernel for a configuration.
@@ -84,6 +98,13 @@ pub struct Strides {
     pub row: u64,
     pub head: u64,
 }
+
+/// The TMA descriptors of the FA3 kernels (`CUtensorMap`s of q, k, v, o, 128 B each),
+/// the kernels' first parameter. The PTX builder raises its `.param` alignment to the
+/// 64 bytes the TMA unit needs (rustc's PTX ABI stops at 16).
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+pub struct TmaDescriptors(pub [u64; 64]);
 
 /// The forward pass' launch parameters (one kernel argument, passed by value).
 #[repr(C)]

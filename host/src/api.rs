@@ -3,7 +3,7 @@ use crate::error::{AttnError, Result};
 use crate::gpu::Gpu;
 use crate::plan::{AttnOptions, FwdPlan, TensorDesc, plan_forward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
-use common::FwdParams;
+use common::{FwdParams, TmaDescriptors};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
@@ -21,6 +21,12 @@ pub struct AttnOutput {
 struct ParamBlock(FwdParams);
 // SAFETY: plain `#[repr(C)]` data the kernel reads by value.
 unsafe impl DeviceRepr for ParamBlock {}
+
+/// The FA3 kernels' first argument: four encoded tensor maps.
+#[repr(transparent)]
+struct TmaBlock(TmaDescriptors);
+// SAFETY: opaque bytes the kernel hands to the TMA unit.
+unsafe impl DeviceRepr for TmaBlock {}
 
 fn desc(t: &TensorRef<'_>, addr: u64) -> TensorDesc {
     TensorDesc { dtype: t.dtype(), layout: t.layout, addr, buffer_len: t.buffer_len() }
@@ -90,9 +96,20 @@ fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
         .ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", k.name)))?;
     let cfg = LaunchConfig { grid_dim: plan.grid, block_dim: (plan.block, 1, 1), shared_mem_bytes: plan.smem_bytes };
     let params = ParamBlock(plan.params);
+    let mut builder = stream.launch_builder(f);
+    let tma;
+    if let Some(maps) = &plan.tma {
+        let mut block = [0u64; 64];
+        for (i, m) in maps.iter().enumerate() {
+            block[16 * i..16 * (i + 1)].copy_from_slice(&m.encode()?);
+        }
+        tma = TmaBlock(TmaDescriptors(block));
+        builder.arg(&tma);
+    }
+    builder.arg(&params);
     // SAFETY: the plan was validated: every address the kernel derives from the
-    // parameters lies inside the buffers borrowed above, which outlive the launch
-    // (cudarc's events order their reuse and release).
-    unsafe { stream.launch_builder(f).arg(&params).launch(cfg) }?;
+    // parameters (and every tensor map's extent) lies inside the buffers borrowed above,
+    // which outlive the launch (cudarc's events order their reuse and release).
+    unsafe { builder.launch(cfg) }?;
     Ok(())
 }

@@ -56,6 +56,9 @@ pub enum AttnError {
     OutOfBounds { arg: Arg, needed: usize, len: usize },
     /// A size is beyond what one launch can address.
     TooLarge(String),
+    /// No kernel of the requested family for this head dim and dtype (the FA3 ablation
+    /// variants exist for hdim 128 fp16 only).
+    NoKernel { algo: common::Algo, hdim: usize, dtype: DType },
     /// `softmax_scale` is NaN or infinite.
     InvalidScale(f32),
     /// Host data does not match a declared shape.
@@ -101,6 +104,9 @@ impl fmt::Display for AttnError {
                 "{arg}: shape and strides reach element {needed} but the buffer has {len}"
             ),
             TooLarge(m) => write!(f, "too large for one launch: {m}"),
+            NoKernel { algo, hdim, dtype } => {
+                write!(f, "no {algo:?} kernel for head dim {hdim} and {}", dtype.name())
+            }
             InvalidScale(s) => write!(f, "softmax_scale must be finite, got {s}"),
             HostData(m) => write!(f, "host data: {m}"),
         }

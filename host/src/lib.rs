@@ -23,8 +23,10 @@ pub mod gpu;
 pub mod plan;
 pub mod reference;
 pub mod tensor;
+pub mod tma;
 
 pub use api::{AttnOutput, flash_attn_func, flash_attn_func_into};
+pub use common::fa3::Techniques;
 pub use common::{Algo, DType};
 pub use error::{Arg, AttnError, Result};
 pub use gpu::{Gpu, GpuInfo, driver_present};

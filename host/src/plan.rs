@@ -2,6 +2,8 @@
 //! and addresses, so every misuse is caught (and tested) without a GPU.
 use crate::error::{Arg, AttnError, Result};
 use crate::tensor::Layout;
+use crate::tma::TensorMapSpec;
+use common::fa3::{self, Techniques};
 use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, Strides, fa2};
 
 /// Options of an attention call, as in `flash_attn_func`.
@@ -12,7 +14,7 @@ pub struct AttnOptions {
     /// Causal mask aligned to the bottom-right corner of the score matrix (query `i`
     /// sees keys `j <= i + seqlen_k - seqlen_q`), as FlashAttention 2.1+.
     pub causal: bool,
-    /// Kernel family; `None` picks the fastest available.
+    /// Kernel family; `None` picks the fastest available (FlashAttention-3).
     pub algo: Option<Algo>,
 }
 
@@ -50,12 +52,23 @@ pub struct FwdPlan {
     pub grid: (u32, u32, u32),
     pub block: u32,
     pub smem_bytes: u32,
+    /// TMA maps of q, k, v, o (FA3 kernels).
+    pub tma: Option<[TensorMapSpec; 4]>,
 }
 
 /// Dynamic shared memory of a kernel.
 pub fn smem_bytes(k: &KernelEntry) -> u32 {
     match k.algo {
         Algo::Fa2 => fa2::smem_bytes(k.hdim),
+        Algo::Fa3(_) => fa3::smem_layout(fa3::tile_config(k.hdim)).total,
+    }
+}
+
+/// Threads per CTA of a kernel.
+pub fn block_threads(k: &KernelEntry) -> u32 {
+    match k.algo {
+        Algo::Fa2 => fa2::THREADS,
+        Algo::Fa3(t) => fa3::threads(t),
     }
 }
 
@@ -157,9 +170,8 @@ pub fn plan_forward(
         )));
     }
 
-    let algo = opts.algo.unwrap_or(Algo::Fa2);
-    let kernel = common::find_kernel(algo, hdim as u32, q.dtype)
-        .ok_or(AttnError::UnsupportedHeadDim { hdim, supported: &HEAD_DIMS })?;
+    let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
+    let kernel = common::find_kernel(algo, hdim as u32, q.dtype).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let params = FwdParams {
         q: q.addr,
         k: k.addr,
@@ -180,8 +192,22 @@ pub fn plan_forward(
         softmax_scale: scale,
         causal: opts.causal as u32,
     };
-    let (grid, block) = match algo {
-        Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), fa2::THREADS),
+    let (block_m, tma) = match algo {
+        Algo::Fa2 => (fa2::BLOCK_M, None),
+        Algo::Fa3(_) => {
+            let cfg = fa3::tile_config(hdim as u32);
+            let chunks = hdim as u32 / 64;
+            let map = |arg, t: &TensorDesc, rows, chunks| TensorMapSpec::bshd(arg, t.dtype, t.addr, &t.layout, rows, chunks);
+            let maps = [
+                map(Arg::Q, q, fa3::BLOCK_M, chunks)?,
+                map(Arg::K, k, cfg.block_n, chunks)?,
+                map(Arg::V, v, cfg.block_n, chunks)?,
+                // O leaves one 64-row, 64-column chunk per store.
+                map(Arg::Out, out, 64, 1)?,
+            ];
+            (fa3::BLOCK_M, Some(maps))
+        }
     };
-    Ok(FwdPlan { kernel, params, grid, block, smem_bytes: smem_bytes(kernel) })
+    let grid = (seqlen_q.div_ceil(block_m as usize) as u32, heads_q as u32, batch as u32);
+    Ok(FwdPlan { kernel, params, grid, block: block_threads(kernel), smem_bytes: smem_bytes(kernel), tma })
 }

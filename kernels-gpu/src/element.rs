@@ -1,4 +1,6 @@
 //! The 16-bit element types the kernels compute on.
+use crate::ptx::wgmma::WgmmaAcc;
+use crate::softmax::Frag;
 use crate::ptx::{math, mma};
 
 /// A 16-bit floating-point input type (f16 or bf16) with f32 accumulation.
@@ -7,6 +9,17 @@ pub trait Element {
     fn pack2(lo: f32, hi: f32) -> u32;
     /// `mma.sync.m16n8k16` with this element type.
     fn mma_m16n8k16(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]);
+    /// `wgmma` with A and B (K-major) from shared memory.
+    fn wgmma_ss<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool);
+    /// `wgmma` with A from registers and an MN-major B from shared memory.
+    fn wgmma_rs_mn<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool);
+}
+
+/// The A operand (m16n8k16 `mma.sync` or `m64nNk16` RS `wgmma`) for keys
+/// `16kb..16kb+16` of a probability tile: n-tiles `2kb` and `2kb+1`, rounded to `E`.
+#[inline(always)]
+pub fn a_fragment<E: Element>(lo: &Frag, hi: &Frag) -> [u32; 4] {
+    [E::pack2(lo[0], lo[1]), E::pack2(lo[2], lo[3]), E::pack2(hi[0], hi[1]), E::pack2(hi[2], hi[3])]
 }
 
 pub struct F16;
@@ -21,6 +34,14 @@ impl Element for F16 {
     fn mma_m16n8k16(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
         mma::mma_m16n8k16_f16(d, a, b)
     }
+    #[inline(always)]
+    fn wgmma_ss<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool) {
+        acc.ss_f16::<0>(desc_a, desc_b, scale_d)
+    }
+    #[inline(always)]
+    fn wgmma_rs_mn<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
+        acc.rs_f16::<1>(a, desc_b, scale_d)
+    }
 }
 
 impl Element for BF16 {
@@ -31,5 +52,13 @@ impl Element for BF16 {
     #[inline(always)]
     fn mma_m16n8k16(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
         mma::mma_m16n8k16_bf16(d, a, b)
+    }
+    #[inline(always)]
+    fn wgmma_ss<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool) {
+        acc.ss_bf16::<0>(desc_a, desc_b, scale_d)
+    }
+    #[inline(always)]
+    fn wgmma_rs_mn<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
+        acc.rs_bf16::<1>(a, desc_b, scale_d)
     }
 }

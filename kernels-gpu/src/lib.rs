@@ -2,7 +2,8 @@
 //!
 //! - [`ptx`]: one typed wrapper per PTX instruction family (the only inline asm);
 //! - [`softmax`]: the online softmax on tensor-core accumulator fragments;
-//! - [`fa2`]: the FlashAttention-2 forward on `mma.sync`.
+//! - [`fa2`]: the FlashAttention-2 forward on `mma.sync`;
+//! - [`fa3`]: the FlashAttention-3 forward on TMA, mbarriers, WGMMA and `setmaxnreg`.
 //!
 //! The exported entry points are listed in `common::KERNELS`.
 #![no_std]
@@ -12,10 +13,12 @@
 
 pub mod element;
 pub mod fa2;
+pub mod fa3;
 pub mod ptx;
 pub mod softmax;
 
-use common::FwdParams;
+use common::fa3::tile_config;
+use common::{FwdParams, TmaDescriptors};
 use element::{BF16, F16};
 
 #[cfg(target_arch = "nvptx64")]
@@ -41,3 +44,30 @@ fa2_entry!(fa2_fwd_hdim256_f16, F16, 256);
 fa2_entry!(fa2_fwd_hdim64_bf16, BF16, 64);
 fa2_entry!(fa2_fwd_hdim128_bf16, BF16, 128);
 fa2_entry!(fa2_fwd_hdim256_bf16, BF16, 256);
+
+macro_rules! fa3_entry {
+    ($name:ident, $elem:ty, $d:literal, ws: $ws:literal, pingpong: $pp:literal, overlap: $ov:literal) => {
+        /// FlashAttention-3 forward; grid `(ceil(seqlen_q / 128), heads_q, batch)`, 384
+        /// threads (256 without warp specialization). The TMA descriptors are read through
+        /// the parameter's address, never copied.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(_tma: TmaDescriptors, p: FwdParams) {
+            let tma = kernel_param0_address!($name);
+            const BN: u32 = tile_config($d).block_n;
+            const STAGES: u32 = tile_config($d).stages;
+            unsafe {
+                fa3::fwd::<$elem, $d, BN, STAGES, { BN as usize / 8 }, { $d / 8 }, { BN as usize / 16 }, $ws, $pp, $ov>(tma, p)
+            }
+        }
+    };
+}
+
+fa3_entry!(fa3_fwd_hdim64_f16, F16, 64, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16, F16, 128, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim256_f16, F16, 256, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim64_bf16, BF16, 64, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_bf16, BF16, 128, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim256_bf16, BF16, 256, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16_nopingpong, F16, 128, ws: true, pingpong: false, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16_nooverlap, F16, 128, ws: true, pingpong: true, overlap: false);
+fa3_entry!(fa3_fwd_hdim128_f16_nows, F16, 128, ws: false, pingpong: true, overlap: true);

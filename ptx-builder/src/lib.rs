@@ -249,9 +249,30 @@ pub fn finish_ptx(raw: &str) -> Result<String, Error> {
         let Some(decl) = found else {
             return Err(Error::Ptx(format!("{}: no TMA descriptor parameter `{tail}` found", k.name)));
         };
-        ptx = ptx.replace(&decl, &format!(".param .align 64{tail}"));
+        // 128 as nvcc emits for a __grid_constant__ CUtensorMap (the TMA unit needs 64).
+        ptx = ptx.replace(&decl, &format!(".param .align {TMA_PARAM_ALIGN}{tail}"));
+    }
+    for k in common::KERNELS.iter().filter(|k| k.launch_bounds > 0) {
+        ptx = add_launch_bounds(&ptx, k.name, k.launch_bounds)?;
     }
     Ok(ptx)
+}
+
+/// Alignment given to TMA descriptor parameters.
+pub const TMA_PARAM_ALIGN: u32 = 128;
+
+/// Adds `.maxntid threads, 1, 1` and `.minnctapersm 1` after the parameter list of entry
+/// `name` (what `__launch_bounds__(threads, 1)` emits): ptxas then knows the register
+/// budget at entry, which `setmaxnreg` requires (without it, warning C7508 and no effect).
+fn add_launch_bounds(ptx: &str, name: &str, threads: u32) -> Result<String, Error> {
+    let head = format!(".visible .entry {name}(");
+    let start = ptx.find(&head).ok_or_else(|| Error::Ptx(format!("entry {name} not found")))?;
+    // The line closing the parameter list (llc may append a `// @name` comment to it).
+    let close = ptx[start..]
+        .find("\n)")
+        .and_then(|i| ptx[start + i + 1..].find('\n').map(|j| start + i + 1 + j + 1))
+        .ok_or_else(|| Error::Ptx(format!("entry {name}: end of parameter list not found")))?;
+    Ok(format!("{}.maxntid {threads}, 1, 1\n.minnctapersm 1\n{}", &ptx[..close], &ptx[close..]))
 }
 
 /// What `ptxas -v` said about one kernel.
@@ -372,16 +393,38 @@ ptxas warning : something global\n";
         assert_eq!(loose, vec!["ptxas warning : something global".to_string()]);
     }
 
-    #[test]
-    fn finish_ptx_rejects_unlisted_kernels() {
+    /// A PTX skeleton with every listed kernel, TMA parameters as rustc declares them.
+    fn skeleton() -> String {
         let mut raw = String::new();
         for k in &common::KERNELS {
-            raw += &format!(".visible .entry {}(\n)\n", k.name);
+            raw += &format!(".visible .entry {}(\n", k.name);
+            if k.tma_param_bytes > 0 {
+                raw += &format!("\t.param .align 16 .b8 {}_param_0[{}],\n", k.name, k.tma_param_bytes);
+            }
+            raw += "\t.param .align 8 .b8 p[8]\n)\n{\n\tret;\n}\n";
         }
+        raw
+    }
+
+    #[test]
+    fn finish_ptx_aligns_tma_params_and_adds_launch_bounds() {
+        let ptx = finish_ptx(&skeleton()).unwrap();
+        for k in common::KERNELS.iter().filter(|k| k.tma_param_bytes > 0) {
+            assert!(ptx.contains(&format!(".param .align 128 .b8 {}_param_0[{}]", k.name, k.tma_param_bytes)));
+            let entry = &ptx[ptx.find(&format!(".entry {}(", k.name)).unwrap()..];
+            let body = &entry[..entry.find('{').unwrap()];
+            assert!(body.ends_with(&format!(")\n.maxntid {}, 1, 1\n.minnctapersm 1\n", k.launch_bounds)), "{body}");
+        }
+    }
+
+    #[test]
+    fn finish_ptx_rejects_unlisted_kernels() {
+        let raw = skeleton();
         assert!(finish_ptx(&raw).is_ok());
         let extra = raw.clone() + ".visible .entry stray_kernel(\n)\n";
         assert!(matches!(finish_ptx(&extra), Err(Error::Ptx(m)) if m.contains("stray_kernel")));
-        let missing: String = raw.lines().skip(2).map(|l| format!("{l}\n")).collect();
+        let first = common::KERNELS[0].name;
+        let missing = raw.replace(&format!(".entry {first}("), ".entry renamed(");
         assert!(finish_ptx(&missing).is_err());
     }
 }

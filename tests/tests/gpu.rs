@@ -7,7 +7,7 @@
 //! `FA3_REQUIRE_GPU=1` turns that into a failure (for runs that must not skip).
 use flash_attn3::check::check;
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, rng};
-use flash_attn3::{Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, flash_attn_func_into};
+use flash_attn3::{Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Techniques, flash_attn_func_into};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 
@@ -37,9 +37,16 @@ struct Case {
 
 impl Case {
     fn name(&self) -> String {
+        let algo = match self.algo {
+            Algo::Fa2 => "fa2",
+            Algo::Fa3(t) if t == Techniques::FULL => "fa3",
+            Algo::Fa3(t) if t == Techniques::NO_PINGPONG => "fa3nopingpong",
+            Algo::Fa3(t) if t == Techniques::NO_OVERLAP => "fa3nooverlap",
+            Algo::Fa3(_) => "fa3nows",
+        };
         format!(
-            "{:?}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}",
-            self.algo,
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}",
+            algo,
             self.dtype.name(),
             self.d,
             self.b,
@@ -56,7 +63,7 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
-    for algo in [Algo::Fa2] {
+    for algo in [Algo::Fa3(Techniques::FULL), Algo::Fa2] {
         for dtype in DType::ALL {
             for d in [64, 128, 256] {
                 for causal in [false, true] {
@@ -71,6 +78,27 @@ fn cases() -> Vec<Case> {
                     v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, storage: Storage::Strided, ..base.clone() });
                 }
             }
+        }
+    }
+    // The FA3 ablation kernels (hdim 128, fp16) compute the same function.
+    for t in [Techniques::NO_PINGPONG, Techniques::NO_OVERLAP, Techniques::NO_WARP_SPECIALIZATION] {
+        for causal in [false, true] {
+            let base = Case {
+                algo: Algo::Fa3(t),
+                dtype: DType::F16,
+                d: 128,
+                b: 2,
+                sq: 1,
+                sk: 1,
+                hq: 3,
+                hk: 3,
+                causal,
+                storage: Storage::Packed,
+            };
+            v.push(Case { sq: 17, sk: 17, ..base.clone() });
+            v.push(Case { sq: 1000, sk: 1000, ..base.clone() });
+            v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+            v.push(Case { sq: 333, sk: 700, hq: 4, hk: 2, storage: Storage::Strided, ..base.clone() });
         }
     }
     v

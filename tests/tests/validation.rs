@@ -1,6 +1,7 @@
 //! Every misuse of the forward API gets its own precise error, checked without a GPU
 //! through the planner that `flash_attn_func` runs before any launch.
-use flash_attn3::{Arg, AttnError, AttnOptions, DType, Layout, TensorDesc, plan_forward};
+use flash_attn3::{Algo, Arg, AttnError, AttnOptions, DType, Layout, TensorDesc, plan_forward};
+use common::fa3::Techniques;
 
 const BASE: u64 = 0x7f00_0000_0000;
 
@@ -44,11 +45,39 @@ impl Call {
 #[test]
 fn a_valid_call_is_planned_with_the_default_scale() {
     let plan = Call::good().plan().unwrap();
-    assert_eq!(plan.grid, (300usize.div_ceil(64) as u32, 8, 2));
+    // FlashAttention-3 by default: 128 query rows per CTA, 384 threads, TMA maps.
+    assert_eq!(plan.grid, (300usize.div_ceil(128) as u32, 8, 2));
+    assert_eq!(plan.block, 384);
+    assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::FULL));
+    let maps = plan.tma.expect("FA3 launches carry tensor maps");
+    assert_eq!(maps[1].dims, [64, 500, 2, 2, 2], "k: 64-wide chunks, seqlen, chunks, heads_k, batch");
+    assert_eq!(maps[3].box_dims, [64, 64, 1, 1, 1], "o leaves in 64 x 64 boxes");
     assert_eq!(plan.params.kv_group, 4);
     assert!((plan.params.softmax_scale - 1.0 / 128f32.sqrt()).abs() < 1e-7);
     assert_eq!(plan.kernel.hdim, 128);
     assert_eq!(plan.kernel.dtype, DType::BF16);
+}
+
+#[test]
+fn the_fa2_kernel_can_be_forced() {
+    let mut c = Call::good();
+    c.opts = c.opts.algo(Algo::Fa2);
+    let plan = c.plan().unwrap();
+    assert_eq!((plan.grid.0, plan.block), (300usize.div_ceil(64) as u32, 128));
+    assert!(plan.tma.is_none());
+}
+
+#[test]
+fn ablation_variants_exist_only_where_built() {
+    let mut c = Call::good();
+    c.opts = c.opts.algo(Algo::Fa3(Techniques::NO_PINGPONG));
+    assert!(matches!(c.err(), AttnError::NoKernel { hdim: 128, dtype: DType::BF16, .. }));
+    let mut c = Call::good();
+    for t in [&mut c.q, &mut c.k, &mut c.v, &mut c.out] {
+        t.dtype = DType::F16;
+    }
+    c.opts = c.opts.algo(Algo::Fa3(Techniques::NO_WARP_SPECIALIZATION));
+    assert_eq!(c.plan().unwrap().block, 256);
 }
 
 #[test]

@@ -25,8 +25,11 @@ USAGE:
       --check          compare with the CPU references (f64 exact, naive low precision)
       --seed N         random seed (default: from the clock)
       --device N       GPU ordinal (default 0)
+      --algo NAME      fa3 (default), fa2, or an FA3 ablation: fa3-nopingpong,
+                       fa3-nooverlap, fa3-nows (hdim 128 f16 only)
   fa3 bench [--dtype f16|bf16] [--hdims 64,128,256] [--seqlens 512,...,16384]
             [--causal off|on|both] [--warmup N] [--iters N] [--csv FILE] [--device N]
+            [--algo NAME]
             Times the forward pass over the FlashAttention-3 paper's grid
             (batch = 16384 / seqlen, heads = 2048 / hdim).
   fa3 info  GPU, driver and kernels.
@@ -135,6 +138,34 @@ fn parse_dtype(s: &str) -> CliResult<DType> {
     }
 }
 
+fn parse_algo(s: Option<&str>) -> CliResult<Algo> {
+    use flash_attn3::Techniques;
+    Ok(match s {
+        None | Some("fa3") => Algo::Fa3(Techniques::FULL),
+        Some("fa3-nopingpong") => Algo::Fa3(Techniques::NO_PINGPONG),
+        Some("fa3-nooverlap") => Algo::Fa3(Techniques::NO_OVERLAP),
+        Some("fa3-nows") => Algo::Fa3(Techniques::NO_WARP_SPECIALIZATION),
+        Some("fa2") => Algo::Fa2,
+        Some(x) => {
+            return Err(CliError::Usage(format!(
+                "--algo {x:?}: expected fa3, fa2, fa3-nopingpong, fa3-nooverlap or fa3-nows"
+            )));
+        }
+    })
+}
+
+/// Short name of a kernel family (CSV `impl` column).
+fn algo_name(a: Algo) -> &'static str {
+    use flash_attn3::Techniques;
+    match a {
+        Algo::Fa2 => "fa2",
+        Algo::Fa3(t) if t == Techniques::FULL => "fa3",
+        Algo::Fa3(t) if t == Techniques::NO_PINGPONG => "fa3-nopingpong",
+        Algo::Fa3(t) if t == Techniques::NO_OVERLAP => "fa3-nooverlap",
+        Algo::Fa3(_) => "fa3-nows",
+    }
+}
+
 fn parse_list(s: &str) -> CliResult<Vec<usize>> {
     s.split(',').map(|x| x.trim().parse().map_err(|_| CliError::Usage(format!("bad number {x:?} in {s:?}")))).collect()
 }
@@ -222,6 +253,7 @@ fn cmd_run(args: &[String]) -> CliResult<()> {
     let do_check = a.flag("--check");
     let seed: u64 = a.parsed("--seed")?.unwrap_or_else(clock_seed);
     let device: usize = a.parsed("--device")?.unwrap_or(0);
+    let algo = parse_algo(a.value("--algo")?.as_deref())?;
     a.finish()?;
 
     let gpu = match Gpu::new(device) {
@@ -255,7 +287,7 @@ fn cmd_run(args: &[String]) -> CliResult<()> {
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
-    let mut opts = AttnOptions::default().causal(causal);
+    let mut opts = AttnOptions::default().causal(causal).algo(algo);
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
     }
@@ -353,16 +385,13 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
     let iters: usize = a.parsed("--iters")?.unwrap_or(20).max(1);
     let csv: Option<PathBuf> = a.value("--csv")?.map(PathBuf::from);
     let device: usize = a.parsed("--device")?.unwrap_or(0);
-    let algo = match a.value("--algo")?.as_deref() {
-        None | Some("fa2") => Algo::Fa2,
-        Some(x) => return Err(CliError::Usage(format!("--algo {x:?}: expected fa2"))),
-    };
+    let algo = parse_algo(a.value("--algo")?.as_deref())?;
     a.finish()?;
 
     let gpu = Gpu::new(device)?;
     let stream = gpu.new_stream()?;
     let info = gpu.info();
-    println!("# {} (sm_{}{}, {} SMs), {}, {:?}", info.name, info.major, info.minor, info.sm_count, dtype.name(), algo);
+    println!("# {} (sm_{}{}, {} SMs), {}, {}", info.name, info.major, info.minor, info.sm_count, dtype.name(), algo_name(algo));
     let mut rows = vec!["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops".to_string()];
     println!("{:>5} {:>6} {:>5} {:>5} {:>6} {:>9} {:>8}", "hdim", "seqlen", "batch", "heads", "causal", "ms", "TFLOP/s");
     const TOKENS: usize = 16384;
@@ -391,7 +420,7 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
                 std::io::stdout().flush().ok();
                 rows.push(format!(
                     "rust-{},{},{hdim},{seqlen},{batch},{heads},{},{:.4},{tflops:.1}",
-                    format!("{algo:?}").to_lowercase(),
+                    algo_name(algo),
                     dtype.name(),
                     causal as u8,
                     t.median_ms

@@ -7,9 +7,9 @@
 //! registers, the softmax is online with an unscaled accumulator and one final rescale.
 mod tile;
 
-use crate::element::Element;
+use crate::element::{Element, a_fragment};
 use crate::ptx::{barrier, global, mma, smem, sreg};
-use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
+use crate::softmax::{OnlineSoftmax, apply_mask};
 use common::{FwdParams, fa2::*};
 use tile::{FragAddr, load_tile};
 
@@ -106,7 +106,7 @@ pub unsafe fn fwd<E: Element, const D: u32, const DT: usize, const DK: usize>(p:
 
         // O += P V_j, with P rounded to the input type (the tensor cores' operand).
         for kb in 0..BN_TILES / 2 {
-            let a = p_fragment::<E>(&s[2 * kb], &s[2 * kb + 1]);
+            let a = a_fragment::<E>(&s[2 * kb], &s[2 * kb + 1]);
             for dt2 in 0..DT / 2 {
                 let b = unsafe { mma::ldmatrix_x4_trans(v_frag.at::<D>(dt2 as u32, kb as u32 * 16)) };
                 E::mma_m16n8k16(&mut o[2 * dt2], a, [b[0], b[1]]);
@@ -134,12 +134,6 @@ pub unsafe fn fwd<E: Element, const D: u32, const DT: usize, const DK: usize>(p:
             }
         }
     }
-}
-
-/// A operand of m16n8k16 for keys `16kb..16kb+16` from the two probability n-tiles.
-#[inline(always)]
-fn p_fragment<E: Element>(lo: &Frag, hi: &Frag) -> [u32; 4] {
-    [E::pack2(lo[0], lo[1]), E::pack2(lo[2], lo[3]), E::pack2(hi[0], hi[1]), E::pack2(hi[2], hi[3])]
 }
 
 #[inline(always)]

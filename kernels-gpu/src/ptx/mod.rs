@@ -6,8 +6,13 @@
 //! ([`smem::SmemAddr`]); global addresses are 64-bit generic addresses.
 
 pub mod barrier;
+pub mod fence;
 pub mod global;
 pub mod math;
+pub mod mbarrier;
 pub mod mma;
+pub mod regs;
 pub mod smem;
 pub mod sreg;
+pub mod tma;
+pub mod wgmma;

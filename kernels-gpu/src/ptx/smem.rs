@@ -60,3 +60,18 @@ pub fn cp_async_wait<const N: u32>() {
     // SAFETY: waits only.
     unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) };
 }
+
+/// Stores 4 bytes to shared memory.
+///
+/// # Safety
+/// `addr` must be 4-byte aligned and inside the allocation.
+#[inline(always)]
+pub unsafe fn st_u32(addr: SmemAddr, v: u32) {
+    unsafe { asm!("st.shared.b32 [{0}], {1};", in(reg32) addr.0, in(reg32) v, options(nostack)) };
+}
+
+/// Rounds an address up to a multiple of `align` (a power of two).
+#[inline(always)]
+pub const fn align_up(addr: SmemAddr, align: u32) -> SmemAddr {
+    SmemAddr((addr.0 + align - 1) & !(align - 1))
+}

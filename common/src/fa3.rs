@@ -1,0 +1,141 @@
+//! Shapes of the FlashAttention-3 forward kernel, shared by kernel and host.
+//!
+//! One CTA computes `BLOCK_M = 64 * CONSUMER_WGS` query rows of one (batch, head):
+//! a producer warpgroup issues TMA loads, each consumer warpgroup owns 64 rows and runs
+//! S = QK^T (SS WGMMA), the online softmax and O += PV (RS WGMMA). K and V stream through
+//! their own `STAGES`-deep shared-memory rings.
+use crate::{Algo, DType, KernelEntry};
+
+/// The seed techniques a kernel variant uses; each can be turned off at compile time so
+/// its contribution can be measured (the ablation kernels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Techniques {
+    /// A producer warpgroup does only TMA (with `setmaxnreg`); otherwise a consumer thread
+    /// issues the loads itself, ahead of use.
+    pub warp_specialized: bool,
+    /// Named barriers order the consumer warpgroups' GEMMs so one's softmax overlaps the
+    /// other's GEMMs.
+    pub pingpong: bool,
+    /// The softmax of step j overlaps the PV GEMM of step j-1 inside one warpgroup.
+    pub intra_overlap: bool,
+}
+
+impl Techniques {
+    pub const FULL: Self = Techniques { warp_specialized: true, pingpong: true, intra_overlap: true };
+    pub const NO_PINGPONG: Self = Techniques { pingpong: false, ..Self::FULL };
+    pub const NO_OVERLAP: Self = Techniques { intra_overlap: false, ..Self::FULL };
+    pub const NO_WARP_SPECIALIZATION: Self = Techniques { warp_specialized: false, ..Self::FULL };
+}
+
+/// Consumer warpgroups per CTA (64 query rows each).
+pub const CONSUMER_WGS: u32 = 2;
+pub const BLOCK_M: u32 = 64 * CONSUMER_WGS;
+/// Registers per thread after `setmaxnreg` (FA3's split for two consumer warpgroups:
+/// 128 * (24 + 2 * 240) = 64512 <= 65536).
+pub const PRODUCER_REGS: u32 = 24;
+pub const CONSUMER_REGS: u32 = 240;
+/// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
+pub const TMA_PARAM_BYTES: u32 = 4 * 128;
+
+/// Per-head-dim tile shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileConfig {
+    pub hdim: u32,
+    /// Keys per K/V tile.
+    pub block_n: u32,
+    /// Depth of the K and V rings.
+    pub stages: u32,
+}
+
+/// Tile shape per head dim (hdim 256 keeps FA3's 80-key tiles so that Q, two K and two V
+/// stages fit in 227 KB of shared memory).
+pub const fn tile_config(hdim: u32) -> TileConfig {
+    match hdim {
+        64 => TileConfig { hdim, block_n: 128, stages: 2 },
+        128 => TileConfig { hdim, block_n: 128, stages: 2 },
+        _ => TileConfig { hdim, block_n: 80, stages: 2 },
+    }
+}
+
+pub const fn threads(t: Techniques) -> u32 {
+    if t.warp_specialized { 128 * (CONSUMER_WGS + 1) } else { 128 * CONSUMER_WGS }
+}
+
+/// Byte offsets in dynamic shared memory (after rounding its base up to 1024 B).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmemLayout {
+    pub q: u32,
+    pub k: u32,
+    pub v: u32,
+    /// Bytes of one K (or V) stage.
+    pub kv_stage_bytes: u32,
+    pub barriers: u32,
+    /// Bytes to request at launch (includes 1024 B of alignment slack).
+    pub total: u32,
+}
+
+/// mbarriers: Q full, then K full/empty and V full/empty per stage.
+pub const fn num_barriers(stages: u32) -> u32 {
+    1 + 4 * stages
+}
+
+pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
+    let q_bytes = BLOCK_M * cfg.hdim * 2;
+    let kv_stage_bytes = cfg.block_n * cfg.hdim * 2;
+    let k = q_bytes;
+    let v = k + cfg.stages * kv_stage_bytes;
+    let barriers = v + cfg.stages * kv_stage_bytes;
+    let total = barriers + 8 * num_barriers(cfg.stages) + 1024;
+    SmemLayout { q: 0, k, v, kv_stage_bytes, barriers, total }
+}
+
+macro_rules! fa3_entries {
+    ($($name:literal => $hdim:literal, $dtype:ident, $tech:ident;)*) => {
+        [$(KernelEntry {
+            name: $name,
+            algo: Algo::Fa3(Techniques::$tech),
+            hdim: $hdim,
+            dtype: DType::$dtype,
+            tma_param_bytes: TMA_PARAM_BYTES,
+            launch_bounds: threads(Techniques::$tech),
+        },)*]
+    };
+}
+
+/// The FA3 kernels: every head dim and dtype with all techniques, plus the ablation
+/// variants at hdim 128 fp16.
+pub const KERNELS: [KernelEntry; 9] = fa3_entries! {
+    "fa3_fwd_hdim64_f16" => 64, F16, FULL;
+    "fa3_fwd_hdim128_f16" => 128, F16, FULL;
+    "fa3_fwd_hdim256_f16" => 256, F16, FULL;
+    "fa3_fwd_hdim64_bf16" => 64, BF16, FULL;
+    "fa3_fwd_hdim128_bf16" => 128, BF16, FULL;
+    "fa3_fwd_hdim256_bf16" => 256, BF16, FULL;
+    "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG;
+    "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP;
+    "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION;
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_fits_the_h100_for_every_head_dim() {
+        for hdim in crate::HEAD_DIMS {
+            let l = smem_layout(tile_config(hdim));
+            assert!(l.total <= 227 * 1024, "hdim {hdim}: {} bytes", l.total);
+            // Every tile starts on a 1024 B swizzle-atom boundary.
+            for off in [l.q, l.k, l.v, l.k + l.kv_stage_bytes, l.v + l.kv_stage_bytes] {
+                assert_eq!(off % 1024, 0, "hdim {hdim}: tile at {off}");
+            }
+        }
+    }
+
+    #[test]
+    fn register_split_fits_the_register_file() {
+        assert!(128 * (PRODUCER_REGS + CONSUMER_WGS * CONSUMER_REGS) <= 65536);
+        assert_eq!(PRODUCER_REGS % 8, 0);
+        assert_eq!(CONSUMER_REGS % 8, 0);
+    }
+}

@@ -1,0 +1,70 @@
+//! The epilogue: O = acc / rowsum written through shared memory by TMA (rows past the
+//! sequence end are clipped by the tensor map's bounds), and the LSE.
+use super::scheduler::Tile;
+use crate::element::Element;
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::tma::{self, TensorMap};
+use crate::ptx::{barrier, fence, global};
+use crate::softmax::{Frag, OnlineSoftmax};
+use common::FwdParams;
+use common::gmma::sw128_offset;
+
+/// Named barrier ids 1 and 2: the two consumer warpgroups' epilogues.
+const EPILOGUE_BARRIER: u32 = 1;
+
+/// Writes one consumer warpgroup's 64 rows of O and LSE.
+///
+/// `o_smem`: the CTA's Q tile (`BLOCK_M` rows, `D/64` chunks of `BLOCK_M x 128 B`), free
+/// once this warpgroup's last QK^T finished: each warpgroup overwrites only its own rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
+    p: &FwdParams,
+    tile: &Tile,
+    tma_o: TensorMap,
+    o_smem: SmemAddr,
+    o: &[Frag; ON],
+    softmax: &OnlineSoftmax,
+    wg: u32,
+    thread_in_wg: u32,
+) {
+    let (inv, lse) = softmax.finalize(p.softmax_scale);
+    let warp = thread_in_wg / 32;
+    let lane = thread_in_wg % 32;
+    let (g, t) = (lane / 4, lane % 4);
+    for j in 0..ON {
+        for r in 0..2 {
+            let row = wg * 64 + warp * 16 + g + 8 * r as u32;
+            let col = 8 * j as u32 + 2 * t;
+            let v = E::pack2(o[j][2 * r] * inv[r], o[j][2 * r + 1] * inv[r]);
+            // SAFETY: inside this warpgroup's rows of the tile.
+            unsafe { smem::st_u32(o_smem.add(sw128_offset(BLOCK_M, row, col)), v) };
+        }
+    }
+    // The TMA store reads through the async proxy.
+    fence::proxy_async_shared();
+    barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
+    let row0 = tile.m_block * BLOCK_M + wg * 64;
+    if thread_in_wg == 0 {
+        for chunk in 0..D / 64 {
+            let src = o_smem.add(chunk * BLOCK_M * 128 + wg * 64 * 128);
+            // SAFETY: 64 rows x 128 B written above and fenced.
+            unsafe { tma_o.store_5d(src, [0, row0 as i32, chunk as i32, tile.head as i32, tile.batch as i32]) };
+        }
+        tma::store_commit();
+    }
+    if t == 0 {
+        for r in 0..2 {
+            let row = row0 + warp * 16 + g + 8 * r as u32;
+            if row < p.seqlen_q {
+                let idx = ((tile.batch * p.heads_q + tile.head) as u64) * p.seqlen_q as u64 + row as u64;
+                // SAFETY: the host sized the LSE buffer for batch * heads_q * seqlen_q.
+                unsafe { global::st_f32(p.lse + 4 * idx, lse[r]) };
+            }
+        }
+    }
+    if thread_in_wg == 0 {
+        // Shared memory must outlive the store's reads.
+        tma::store_wait_read::<0>();
+    }
+}

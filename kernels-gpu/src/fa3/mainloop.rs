@@ -1,0 +1,291 @@
+//! The consumer mainloop of one warpgroup (64 query rows): S = Q K^T (SS WGMMA), mask,
+//! online softmax, O += P V (RS WGMMA, P straight from the S registers).
+//!
+//! With `OVERLAP` (FA3's intra-warpgroup pipelining), step i issues QK^T of block i and
+//! PV of block i-1 back to back, then runs the softmax of block i while that PV is still
+//! on the tensor cores; O is rescaled once the PV has landed. With pingpong, named
+//! barriers make the two warpgroups take turns issuing their GEMMs, so one's softmax
+//! runs while the other's GEMMs do.
+use super::pipeline::{PipelineState, TmaPipeline};
+use super::producer::Loader;
+use super::scheduler::Tile;
+use crate::element::{Element, a_fragment};
+use crate::ptx::barrier;
+use crate::ptx::mbarrier::Mbarrier;
+use crate::ptx::wgmma::{self, WgmmaAcc, fence_a_operand};
+use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
+use common::FwdParams;
+use common::gmma::{k_major_sw128, mn_major_sw128};
+
+/// Named barriers 3 and 4: the warpgroups' turns to issue GEMMs.
+const PINGPONG_BARRIER: u32 = 3;
+
+/// Inter-warpgroup GEMM ordering (two consumer warpgroups). Warpgroup w waits on its own
+/// barrier before issuing and arrives on the other's after; warpgroup 1 gives warpgroup 0
+/// the first turn. Warpgroup 1 skips its very last arrival so that both barriers end
+/// balanced.
+#[derive(Clone, Copy)]
+pub struct PingPong {
+    pub enabled: bool,
+    pub wg: u32,
+}
+
+impl PingPong {
+    #[inline(always)]
+    fn start(self, turns: u32) {
+        if self.enabled && self.wg == 1 && turns > 0 {
+            barrier::named_arrive(PINGPONG_BARRIER, 256);
+        }
+    }
+
+    #[inline(always)]
+    fn begin(self) {
+        if self.enabled {
+            barrier::named_sync(PINGPONG_BARRIER + self.wg, 256);
+        }
+    }
+
+    #[inline(always)]
+    fn end(self, last: bool) {
+        if self.enabled && !(self.wg == 1 && last) {
+            barrier::named_arrive(PINGPONG_BARRIER + (self.wg ^ 1), 256);
+        }
+    }
+}
+
+/// Shared-memory operands of the mainloop.
+pub struct Operands<const STAGES: u32> {
+    pub q_full: Mbarrier,
+    /// Descriptor of this warpgroup's 64 Q rows (chunk 0, k 0).
+    pub q_desc: u64,
+    pub k: TmaPipeline<STAGES>,
+    pub v: TmaPipeline<STAGES>,
+}
+
+impl<const STAGES: u32> Operands<STAGES> {
+    #[inline(always)]
+    fn k_desc(&self, st: PipelineState<STAGES>) -> u64 {
+        k_major_sw128(self.k.slot(st.index).0)
+    }
+
+    #[inline(always)]
+    fn v_desc<const BLOCK_N: u32>(&self, st: PipelineState<STAGES>) -> u64 {
+        mn_major_sw128(self.v.slot(st.index).0, BLOCK_N)
+    }
+}
+
+/// S = Q K^T over the head dim: `D/16` SS wgmmas, K-major operands; a k16 step is +32 B
+/// inside a 128 B chunk, a chunk is `rows * 128` B.
+#[inline(always)]
+fn qk<E: Element, S: WgmmaAcc, const D: u32, const BLOCK_M: u32, const BLOCK_N: u32>(s: &mut S, q_desc: u64, k_desc: u64) {
+    for kk in 0..D / 16 {
+        let q_off = (kk / 4) * BLOCK_M * 128 + (kk % 4) * 32;
+        let k_off = (kk / 4) * BLOCK_N * 128 + (kk % 4) * 32;
+        E::wgmma_ss(s, q_desc + (q_off >> 4) as u64, k_desc + (k_off >> 4) as u64, kk > 0);
+    }
+}
+
+/// O += P V: `BLOCK_N/16` RS wgmmas with V MN-major (+16 key rows = 2048 B a step).
+#[inline(always)]
+fn pv<E: Element, O: WgmmaAcc, const PK: usize>(o: &mut O, p: &[[u32; 4]; PK], v_desc: u64) {
+    for kb in 0..PK {
+        E::wgmma_rs_mn(o, p[kb], v_desc + ((kb as u32 * 2048) >> 4) as u64, true);
+    }
+}
+
+#[inline(always)]
+fn to_p<E: Element, const SN: usize, const PK: usize>(s: &[Frag; SN]) -> [[u32; 4]; PK] {
+    core::array::from_fn(|kb| a_fragment::<E>(&s[2 * kb], &s[2 * kb + 1]))
+}
+
+/// Compiler fences on everything ordinary code wrote, then the hardware `wgmma.fence`.
+#[inline(always)]
+fn fence_before_gemms<S: WgmmaAcc, O: WgmmaAcc, const PK: usize>(s: &mut S, o: &mut O, p: &mut [[u32; 4]; PK]) {
+    s.fence_operand();
+    o.fence_operand();
+    for a in p.iter_mut() {
+        fence_a_operand(a);
+    }
+    wgmma::fence();
+}
+
+/// Where this thread's scores need masking, and the softmax step.
+#[derive(Clone, Copy)]
+struct Masker {
+    n: u32,
+    wg_row0: i32,
+    row_g: i32,
+    col_2t: i32,
+    seqlen_k: i32,
+    causal: Option<i32>,
+    scale_log2: f32,
+}
+
+impl Masker {
+    /// Masks (only blocks that cross the sequence end or this warpgroup's diagonal) and
+    /// folds the scores of step `i` (key block `n - 1 - i`) into the softmax.
+    #[inline(always)]
+    fn step<const SN: usize, const BLOCK_N: u32>(&self, s: &mut [Frag; SN], sm: &mut OnlineSoftmax, i: u32) -> [f32; 2] {
+        let n0 = ((self.n - 1 - i) * BLOCK_N) as i32;
+        let needs_mask = n0 + BLOCK_N as i32 > self.seqlen_k
+            || self.causal.is_some_and(|off| n0 + BLOCK_N as i32 - 1 > self.wg_row0 + off);
+        if needs_mask {
+            apply_mask(s, self.row_g, n0 + self.col_2t, self.seqlen_k, self.causal);
+        }
+        sm.update(s, self.scale_log2)
+    }
+}
+
+/// Runs the mainloop; returns the unnormalised O accumulator and the row statistics.
+/// `loader`: the thread that refills the rings itself (no warp specialization).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn run<
+    E: Element,
+    const D: u32,
+    const BLOCK_M: u32,
+    const BLOCK_N: u32,
+    const STAGES: u32,
+    const SN: usize,
+    const ON: usize,
+    const PK: usize,
+    const OVERLAP: bool,
+>(
+    p: &FwdParams,
+    tile: &Tile,
+    ops: &Operands<STAGES>,
+    pingpong: PingPong,
+    wg: u32,
+    thread_in_wg: u32,
+    mut loader: Option<&mut Loader<STAGES, BLOCK_M, BLOCK_N>>,
+) -> ([Frag; ON], OnlineSoftmax)
+where
+    [Frag; SN]: WgmmaAcc,
+    [Frag; ON]: WgmmaAcc,
+{
+    let mut o = [[0.0f32; 4]; ON];
+    let mut softmax = OnlineSoftmax::new();
+    let n = tile.n_blocks;
+    if n == 0 {
+        return (o, softmax);
+    }
+    let lane = thread_in_wg % 32;
+    let wg_row0 = tile.m_block * BLOCK_M + wg * 64;
+    let masker = Masker {
+        n,
+        wg_row0: wg_row0 as i32,
+        row_g: (wg_row0 + (thread_in_wg / 32) * 16 + lane / 4) as i32,
+        col_2t: 2 * (lane % 4) as i32,
+        seqlen_k: p.seqlen_k as i32,
+        causal: if p.causal != 0 { Some(p.seqlen_k as i32 - p.seqlen_q as i32) } else { None },
+        scale_log2: p.scale_log2,
+    };
+
+    let (mut kst, mut vst) = (PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
+    let mut s = [[0.0f32; 4]; SN];
+    let mut pf = [[0u32; 4]; PK];
+    ops.q_full.wait(0);
+
+    if OVERLAP {
+        // n + 1 GEMM turns: QK_0; (QK_i, PV_{i-1}) for i in 1..n; PV_{n-1}.
+        pingpong.start(n + 1);
+        ops.k.consumer_wait(kst);
+        pingpong.begin();
+        fence_before_gemms(&mut s, &mut o, &mut pf);
+        qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(kst));
+        wgmma::commit();
+        pingpong.end(false);
+        wgmma::wait::<0>();
+        s.fence_operand();
+        ops.k.consumer_release(kst);
+        if let Some(l) = loader.as_deref_mut() {
+            if STAGES < n {
+                l.load_k(STAGES);
+            }
+        }
+        kst.advance();
+        masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, 0);
+        pf = to_p::<E, SN, PK>(&s);
+        for i in 1..n {
+            ops.k.consumer_wait(kst);
+            pingpong.begin();
+            fence_before_gemms(&mut s, &mut o, &mut pf);
+            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(kst));
+            wgmma::commit();
+            ops.v.consumer_wait(vst);
+            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(vst));
+            wgmma::commit();
+            pingpong.end(false);
+            // S_i landed; PV_{i-1} may still run while the softmax does.
+            wgmma::wait::<1>();
+            s.fence_operand();
+            ops.k.consumer_release(kst);
+            if let Some(l) = loader.as_deref_mut() {
+                if i + STAGES < n {
+                    l.load_k(i + STAGES);
+                }
+            }
+            kst.advance();
+            let alpha = masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, i);
+            wgmma::wait::<0>();
+            o.fence_operand();
+            // P_i may only overwrite the A registers once PV_{i-1} has read them.
+            s.fence_operand();
+            ops.v.consumer_release(vst);
+            if let Some(l) = loader.as_deref_mut() {
+                if i - 1 + STAGES < n {
+                    l.load_v(i - 1 + STAGES);
+                }
+            }
+            vst.advance();
+            OnlineSoftmax::rescale(&mut o, alpha);
+            pf = to_p::<E, SN, PK>(&s);
+        }
+        ops.v.consumer_wait(vst);
+        pingpong.begin();
+        fence_before_gemms(&mut s, &mut o, &mut pf);
+        pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(vst));
+        wgmma::commit();
+        pingpong.end(true);
+        wgmma::wait::<0>();
+        o.fence_operand();
+        ops.v.consumer_release(vst);
+    } else {
+        // n GEMM turns: QK_i; then softmax, PV_i, serially.
+        pingpong.start(n);
+        for i in 0..n {
+            ops.k.consumer_wait(kst);
+            pingpong.begin();
+            fence_before_gemms(&mut s, &mut o, &mut pf);
+            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(kst));
+            wgmma::commit();
+            pingpong.end(i + 1 == n);
+            wgmma::wait::<0>();
+            s.fence_operand();
+            ops.k.consumer_release(kst);
+            if let Some(l) = loader.as_deref_mut() {
+                if i + STAGES < n {
+                    l.load_k(i + STAGES);
+                }
+            }
+            kst.advance();
+            let alpha = masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, i);
+            OnlineSoftmax::rescale(&mut o, alpha);
+            pf = to_p::<E, SN, PK>(&s);
+            ops.v.consumer_wait(vst);
+            fence_before_gemms(&mut s, &mut o, &mut pf);
+            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(vst));
+            wgmma::commit();
+            wgmma::wait::<0>();
+            o.fence_operand();
+            ops.v.consumer_release(vst);
+            if let Some(l) = loader.as_deref_mut() {
+                if i + STAGES < n {
+                    l.load_v(i + STAGES);
+                }
+            }
+            vst.advance();
+        }
+    }
+    (o, softmax)
+}

@@ -1,0 +1,85 @@
+//! The circular shared-memory pipeline between the TMA producer and the consumer
+//! warpgroups: per stage a "full" mbarrier (the producer's arrival plus the TMA's
+//! transaction bytes) and an "empty" one (every consumer thread's release).
+use crate::ptx::mbarrier::Mbarrier;
+use crate::ptx::smem::SmemAddr;
+
+/// Position in the ring: the stage, and the parity of the phase to wait for there.
+#[derive(Clone, Copy)]
+pub struct PipelineState<const STAGES: u32> {
+    pub index: u32,
+    pub phase: u32,
+}
+
+impl<const STAGES: u32> PipelineState<STAGES> {
+    #[inline(always)]
+    pub fn new() -> Self {
+        PipelineState { index: 0, phase: 0 }
+    }
+
+    #[inline(always)]
+    pub fn advance(&mut self) {
+        self.index += 1;
+        if self.index == STAGES {
+            self.index = 0;
+            self.phase ^= 1;
+        }
+    }
+}
+
+/// `STAGES` slots of `stage_bytes` each, with their barriers.
+#[derive(Clone, Copy)]
+pub struct TmaPipeline<const STAGES: u32> {
+    /// First slot's data.
+    pub data: SmemAddr,
+    pub stage_bytes: u32,
+    /// `STAGES` full barriers, then `STAGES` empty barriers, 8 bytes each.
+    pub barriers: SmemAddr,
+}
+
+impl<const STAGES: u32> TmaPipeline<STAGES> {
+    #[inline(always)]
+    pub fn full(&self, stage: u32) -> Mbarrier {
+        Mbarrier(self.barriers.add(8 * stage))
+    }
+
+    #[inline(always)]
+    pub fn empty(&self, stage: u32) -> Mbarrier {
+        Mbarrier(self.barriers.add(8 * (STAGES + stage)))
+    }
+
+    #[inline(always)]
+    pub fn slot(&self, stage: u32) -> SmemAddr {
+        self.data.add(stage * self.stage_bytes)
+    }
+
+    /// One thread, before first use: one producer arrival per phase; `consumers` releases.
+    #[inline(always)]
+    pub fn init(&self, consumers: u32) {
+        for s in 0..STAGES {
+            self.full(s).init(1);
+            self.empty(s).init(consumers);
+        }
+    }
+
+    /// Producer: waits until the slot was released by every consumer (the first round
+    /// passes at once: a fresh barrier counts its "previous" phase as done), then arms the
+    /// full barrier for the bytes the TMA will deliver.
+    #[inline(always)]
+    pub fn producer_acquire(&self, st: PipelineState<STAGES>) {
+        self.empty(st.index).wait(st.phase ^ 1);
+        self.full(st.index).arrive_expect_tx(self.stage_bytes);
+    }
+
+    /// Consumer: waits until the slot's data landed.
+    #[inline(always)]
+    pub fn consumer_wait(&self, st: PipelineState<STAGES>) {
+        self.full(st.index).wait(st.phase);
+    }
+
+    /// Consumer: this thread is done reading the slot.
+    #[inline(always)]
+    pub fn consumer_release(&self, st: PipelineState<STAGES>) {
+        self.empty(st.index).arrive();
+    }
+}
