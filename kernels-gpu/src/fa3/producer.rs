@@ -79,12 +79,14 @@ impl<const STAGES: u32, const BLOCK_M: u32, const BLOCK_N: u32> Loader<STAGES, B
     /// The warp-specialized producer's whole job (one thread).
     #[inline(always)]
     pub fn run(&mut self) {
-        self.prefetch_descriptors();
-        self.load_q();
         let n = self.tile.n_blocks;
         if n == 0 {
+            // No key to see: the consumers write zeros through the Q tile's memory, which
+            // a Q load landing later would overwrite.
             return;
         }
+        self.prefetch_descriptors();
+        self.load_q();
         self.load_k(0);
         for i in 1..n {
             self.load_k(i);
