@@ -67,6 +67,10 @@ pub struct SmemLayout {
     pub q: u32,
     pub k: u32,
     pub v: u32,
+    /// Staging tile of O for the TMA store: its own buffer when it fits, so a tile's
+    /// epilogue overlaps the next tile's Q load; else Q's buffer (then Q is released
+    /// only once the store has read O).
+    pub o: u32,
     /// Bytes of one K (or V) stage.
     pub kv_stage_bytes: u32,
     pub barriers: u32,
@@ -74,9 +78,18 @@ pub struct SmemLayout {
     pub total: u32,
 }
 
-/// mbarriers: Q full, then K full/empty and V full/empty per stage.
+impl SmemLayout {
+    pub const fn o_shares_q(&self) -> bool {
+        self.o == self.q
+    }
+}
+
+/// Largest dynamic shared memory per CTA on sm_90 (227 KB).
+pub const MAX_SMEM: u32 = 227 * 1024;
+
+/// mbarriers: Q full/empty, then K full/empty and V full/empty per stage.
 pub const fn num_barriers(stages: u32) -> u32 {
-    1 + 4 * stages
+    2 + 4 * stages
 }
 
 pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
@@ -84,9 +97,10 @@ pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
     let kv_stage_bytes = cfg.block_n * cfg.hdim * 2;
     let k = q_bytes;
     let v = k + cfg.stages * kv_stage_bytes;
-    let barriers = v + cfg.stages * kv_stage_bytes;
-    let total = barriers + 8 * num_barriers(cfg.stages) + 1024;
-    SmemLayout { q: 0, k, v, kv_stage_bytes, barriers, total }
+    let kv_end = v + cfg.stages * kv_stage_bytes;
+    let tail = 8 * num_barriers(cfg.stages) + 1024;
+    let (o, barriers) = if kv_end + q_bytes + tail <= MAX_SMEM { (kv_end, kv_end + q_bytes) } else { (0, kv_end) };
+    SmemLayout { q: 0, k, v, o, kv_stage_bytes, barriers, total: barriers + tail }
 }
 
 macro_rules! fa3_entries {
@@ -124,9 +138,11 @@ mod tests {
     fn shared_memory_fits_the_h100_for_every_head_dim() {
         for hdim in crate::HEAD_DIMS {
             let l = smem_layout(tile_config(hdim));
-            assert!(l.total <= 227 * 1024, "hdim {hdim}: {} bytes", l.total);
+            assert!(l.total <= MAX_SMEM, "hdim {hdim}: {} bytes", l.total);
+            // hdim 64 and 128 stage O apart from Q; 256 has no room and reuses Q.
+            assert_eq!(l.o_shares_q(), hdim == 256, "hdim {hdim}");
             // Every tile starts on a 1024 B swizzle-atom boundary.
-            for off in [l.q, l.k, l.v, l.k + l.kv_stage_bytes, l.v + l.kv_stage_bytes] {
+            for off in [l.q, l.k, l.v, l.o, l.k + l.kv_stage_bytes, l.v + l.kv_stage_bytes] {
                 assert_eq!(off % 1024, 0, "hdim {hdim}: tile at {off}");
             }
         }

@@ -85,6 +85,7 @@ pub fn flash_attn_func_into(
         &TensorDesc { addr: o_ptr, ..out_desc },
         (lse_ptr, lse_len),
         opts,
+        gpu.info().sm_count,
     )?;
     launch(gpu, stream, &plan)
 }

@@ -30,5 +30,5 @@ pub use common::fa3::Techniques;
 pub use common::{Algo, DType};
 pub use error::{Arg, AttnError, Result};
 pub use gpu::{Gpu, GpuInfo, driver_present};
-pub use plan::{AttnOptions, TensorDesc, plan_forward};
+pub use plan::{AttnOptions, Schedule, TensorDesc, plan_forward};
 pub use tensor::{DeviceTensor, Element, Layout, TensorMut, TensorRef, round_to};

@@ -16,6 +16,21 @@ pub struct AttnOptions {
     pub causal: bool,
     /// Kernel family; `None` picks the fastest available (FlashAttention-3).
     pub algo: Option<Algo>,
+    /// How FA3 tiles are spread over the GPU.
+    pub schedule: Schedule,
+}
+
+/// Grid of the FA3 kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Schedule {
+    /// Persistent.
+    #[default]
+    Auto,
+    /// One CTA per SM, each looping over tiles; a tile's loads overlap the previous
+    /// tile's epilogue.
+    Persistent,
+    /// One CTA per tile, scheduled by the hardware.
+    TilePerCta,
 }
 
 impl AttnOptions {
@@ -29,6 +44,10 @@ impl AttnOptions {
     }
     pub fn algo(mut self, algo: Algo) -> Self {
         self.algo = Some(algo);
+        self
+    }
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedule = schedule;
         self
     }
 }
@@ -106,7 +125,7 @@ fn strides(l: &Layout) -> Strides {
     Strides { batch: l.strides[0] as u64, row: l.strides[1] as u64, head: l.strides[2] as u64 }
 }
 
-/// Validates a forward call and plans its launch.
+/// Validates a forward call and plans its launch on a GPU with `sm_count` SMs.
 pub fn plan_forward(
     q: &TensorDesc,
     k: &TensorDesc,
@@ -114,6 +133,7 @@ pub fn plan_forward(
     out: &TensorDesc,
     lse: (u64, usize),
     opts: &AttnOptions,
+    sm_count: u32,
 ) -> Result<FwdPlan> {
     if q.dtype != k.dtype || q.dtype != v.dtype {
         return Err(AttnError::DTypeMismatch { q: q.dtype, k: k.dtype, v: v.dtype });
@@ -192,8 +212,22 @@ pub fn plan_forward(
         softmax_scale: scale,
         causal: opts.causal as u32,
     };
-    let (block_m, tma) = match algo {
-        Algo::Fa2 => (fa2::BLOCK_M, None),
+    let grid = match algo {
+        Algo::Fa2 => (seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32),
+        Algo::Fa3(_) => {
+            let tiles = seqlen_q.div_ceil(fa3::BLOCK_M as usize) * heads_q * batch;
+            if tiles > i32::MAX as usize {
+                return Err(AttnError::TooLarge(format!("{tiles} tiles of {} query rows", fa3::BLOCK_M)));
+            }
+            let ctas = match opts.schedule {
+                Schedule::Auto | Schedule::Persistent => tiles.min(sm_count.max(1) as usize),
+                Schedule::TilePerCta => tiles,
+            };
+            (ctas as u32, 1, 1)
+        }
+    };
+    let tma = match algo {
+        Algo::Fa2 => None,
         Algo::Fa3(_) => {
             let cfg = fa3::tile_config(hdim as u32);
             let chunks = hdim as u32 / 64;
@@ -205,9 +239,8 @@ pub fn plan_forward(
                 // O leaves one 64-row, 64-column chunk per store.
                 map(Arg::Out, out, 64, 1)?,
             ];
-            (fa3::BLOCK_M, Some(maps))
+            Some(maps)
         }
     };
-    let grid = (seqlen_q.div_ceil(block_m as usize) as u32, heads_q as u32, batch as u32);
     Ok(FwdPlan { kernel, params, grid, block: block_threads(kernel), smem_bytes: smem_bytes(kernel), tma })
 }

@@ -1,6 +1,6 @@
 //! Every misuse of the forward API gets its own precise error, checked without a GPU
 //! through the planner that `flash_attn_func` runs before any launch.
-use flash_attn3::{Algo, Arg, AttnError, AttnOptions, DType, Layout, TensorDesc, plan_forward};
+use flash_attn3::{Algo, Arg, AttnError, AttnOptions, DType, Layout, Schedule, TensorDesc, plan_forward};
 use common::fa3::Techniques;
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -34,7 +34,7 @@ impl Call {
     }
 
     fn plan(&self) -> Result<flash_attn3::plan::FwdPlan, AttnError> {
-        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts)
+        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, 132)
     }
 
     fn err(self) -> AttnError {
@@ -45,8 +45,9 @@ impl Call {
 #[test]
 fn a_valid_call_is_planned_with_the_default_scale() {
     let plan = Call::good().plan().unwrap();
-    // FlashAttention-3 by default: 128 query rows per CTA, 384 threads, TMA maps.
-    assert_eq!(plan.grid, (300usize.div_ceil(128) as u32, 8, 2));
+    // FlashAttention-3 by default: 128 query rows per tile, 384 threads, TMA maps, and a
+    // persistent grid of at most one CTA per SM.
+    assert_eq!(plan.grid, ((300usize.div_ceil(128) * 8 * 2) as u32, 1, 1));
     assert_eq!(plan.block, 384);
     assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::FULL));
     let maps = plan.tma.expect("FA3 launches carry tensor maps");
@@ -56,6 +57,17 @@ fn a_valid_call_is_planned_with_the_default_scale() {
     assert!((plan.params.softmax_scale - 1.0 / 128f32.sqrt()).abs() < 1e-7);
     assert_eq!(plan.kernel.hdim, 128);
     assert_eq!(plan.kernel.dtype, DType::BF16);
+}
+
+#[test]
+fn persistent_grid_is_capped_at_the_sm_count() {
+    let mut c = Call::good();
+    c.q = packed([2, 4096, 8, 128], DType::BF16);
+    c.out = c.q;
+    c.lse.1 = 2 * 8 * 4096;
+    assert_eq!(c.plan().unwrap().grid, (132, 1, 1));
+    c.opts = c.opts.schedule(Schedule::TilePerCta);
+    assert_eq!(c.plan().unwrap().grid, (32 * 8 * 2, 1, 1));
 }
 
 #[test]

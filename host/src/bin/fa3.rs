@@ -2,7 +2,7 @@
 use flash_attn3::bench::{fwd_flops, time_forward};
 use flash_attn3::check::check;
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng};
-use flash_attn3::{Algo, AttnError, AttnOptions, DType, DeviceTensor, Gpu, flash_attn_func};
+use flash_attn3::{Algo, AttnError, AttnOptions, DType, DeviceTensor, Gpu, Schedule, flash_attn_func};
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
 use std::io::Write;
 use std::path::PathBuf;
@@ -29,7 +29,7 @@ USAGE:
                        fa3-nooverlap, fa3-nows (hdim 128 f16 only)
   fa3 bench [--dtype f16|bf16] [--hdims 64,128,256] [--seqlens 512,...,16384]
             [--causal off|on|both] [--warmup N] [--iters N] [--csv FILE] [--device N]
-            [--algo NAME]
+            [--algo NAME] [--schedule auto|persistent|tile]
             Times the forward pass over the FlashAttention-3 paper's grid
             (batch = 16384 / seqlen, heads = 2048 / hdim).
   fa3 info  GPU, driver and kernels.
@@ -151,6 +151,15 @@ fn parse_algo(s: Option<&str>) -> CliResult<Algo> {
                 "--algo {x:?}: expected fa3, fa2, fa3-nopingpong, fa3-nooverlap or fa3-nows"
             )));
         }
+    })
+}
+
+fn parse_schedule(s: Option<&str>) -> CliResult<Schedule> {
+    Ok(match s {
+        None | Some("auto") => Schedule::Auto,
+        Some("persistent") => Schedule::Persistent,
+        Some("tile") => Schedule::TilePerCta,
+        Some(x) => return Err(CliError::Usage(format!("--schedule {x:?}: expected auto, persistent or tile"))),
     })
 }
 
@@ -386,6 +395,7 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
     let csv: Option<PathBuf> = a.value("--csv")?.map(PathBuf::from);
     let device: usize = a.parsed("--device")?.unwrap_or(0);
     let algo = parse_algo(a.value("--algo")?.as_deref())?;
+    let schedule = parse_schedule(a.value("--schedule")?.as_deref())?;
     a.finish()?;
 
     let gpu = Gpu::new(device)?;
@@ -413,7 +423,7 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
             for &causal in &causal_modes {
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
                 let mut o = out.view_mut(shape);
-                let opts = AttnOptions::default().causal(causal).algo(algo);
+                let opts = AttnOptions::default().causal(causal).algo(algo).schedule(schedule);
                 let t = time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, warmup, iters)?;
                 let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
                 println!("{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1}", causal as u8, t.median_ms);

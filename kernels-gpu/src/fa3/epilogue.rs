@@ -2,6 +2,7 @@
 //! sequence end are clipped by the tensor map's bounds), and the LSE.
 use super::scheduler::Tile;
 use crate::element::Element;
+use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::tma::{self, TensorMap};
 use crate::ptx::{barrier, fence, global};
@@ -14,8 +15,10 @@ const EPILOGUE_BARRIER: u32 = 1;
 
 /// Writes one consumer warpgroup's 64 rows of O and LSE.
 ///
-/// `o_smem`: the CTA's Q tile (`BLOCK_M` rows, `D/64` chunks of `BLOCK_M x 128 B`), free
-/// once this warpgroup's last QK^T finished: each warpgroup overwrites only its own rows.
+/// `o_smem`: the staging tile (`BLOCK_M` rows, `D/64` chunks of `BLOCK_M x 128 B`, laid
+/// out like Q; each warpgroup writes only its own rows). When it is Q's own buffer,
+/// `q_empty` is released here once the store has read it, so the next Q cannot land
+/// on O early.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
@@ -27,8 +30,14 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     softmax: &OnlineSoftmax,
     wg: u32,
     thread_in_wg: u32,
+    q_empty: Option<Mbarrier>,
 ) {
     let (inv, lse) = softmax.finalize(p.softmax_scale);
+    // The previous tile's store must be done reading the staging rows.
+    if thread_in_wg == 0 {
+        tma::store_wait_read::<0>();
+    }
+    barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
     let warp = thread_in_wg / 32;
     let lane = thread_in_wg % 32;
     let (g, t) = (lane / 4, lane % 4);
@@ -63,8 +72,19 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
             }
         }
     }
+    if let Some(q_empty) = q_empty {
+        if thread_in_wg == 0 {
+            tma::store_wait_read::<0>();
+        }
+        barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
+        q_empty.arrive();
+    }
+}
+
+/// Before the CTA exits: shared memory must outlive the last store's reads.
+#[inline(always)]
+pub fn drain(thread_in_wg: u32) {
     if thread_in_wg == 0 {
-        // Shared memory must outlive the store's reads.
         tma::store_wait_read::<0>();
     }
 }

@@ -11,7 +11,6 @@ use super::producer::Loader;
 use super::scheduler::Tile;
 use crate::element::{Element, a_fragment};
 use crate::ptx::barrier;
-use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::wgmma::{self, WgmmaAcc, fence_a_operand};
 use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
 use common::FwdParams;
@@ -54,8 +53,8 @@ impl PingPong {
 }
 
 /// Shared-memory operands of the mainloop.
+#[derive(Clone, Copy)]
 pub struct Operands<const STAGES: u32> {
-    pub q_full: Mbarrier,
     /// Descriptor of this warpgroup's 64 Q rows (chunk 0, k 0).
     pub q_desc: u64,
     pub k: TmaPipeline<STAGES>,
@@ -136,8 +135,10 @@ impl Masker {
     }
 }
 
-/// Runs the mainloop; returns the unnormalised O accumulator and the row statistics.
-/// `loader`: the thread that refills the rings itself (no warp specialization).
+/// Runs the mainloop of one tile (Q already landed); returns the unnormalised O
+/// accumulator and the row statistics. `kst`, `vst`: ring positions, carried across tiles.
+/// `is_loader`: this thread refills the rings itself through `loader` (no warp
+/// specialization).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn run<
@@ -157,7 +158,10 @@ pub fn run<
     pingpong: PingPong,
     wg: u32,
     thread_in_wg: u32,
-    mut loader: Option<&mut Loader<STAGES, BLOCK_M, BLOCK_N>>,
+    kst: &mut PipelineState<STAGES>,
+    vst: &mut PipelineState<STAGES>,
+    loader: &mut Loader<STAGES, BLOCK_N>,
+    is_loader: bool,
 ) -> ([Frag; ON], OnlineSoftmax)
 where
     [Frag; SN]: WgmmaAcc,
@@ -181,48 +185,46 @@ where
         scale_log2: p.scale_log2,
     };
 
-    let (mut kst, mut vst) = (PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
     let mut s = [[0.0f32; 4]; SN];
     let mut pf = [[0u32; 4]; PK];
-    ops.q_full.wait(0);
 
     if OVERLAP {
         // n + 1 GEMM turns: QK_0; (QK_i, PV_{i-1}) for i in 1..n; PV_{n-1}.
         pingpong.start(n + 1);
-        ops.k.consumer_wait(kst);
+        ops.k.consumer_wait(*kst);
         pingpong.begin();
         fence_before_gemms(&mut s, &mut o, &mut pf);
-        qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(kst));
+        qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*kst));
         wgmma::commit();
         pingpong.end(false);
         wgmma::wait::<0>();
         s.fence_operand();
-        ops.k.consumer_release(kst);
-        if let Some(l) = loader.as_deref_mut() {
+        ops.k.consumer_release(*kst);
+        if is_loader {
             if STAGES < n {
-                l.load_k(STAGES);
+                loader.load_k(tile, STAGES);
             }
         }
         kst.advance();
         masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, 0);
         pf = to_p::<E, SN, PK>(&s);
         for i in 1..n {
-            ops.k.consumer_wait(kst);
+            ops.k.consumer_wait(*kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);
-            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(kst));
+            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*kst));
             wgmma::commit();
-            ops.v.consumer_wait(vst);
-            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(vst));
+            ops.v.consumer_wait(*vst);
+            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*vst));
             wgmma::commit();
             pingpong.end(false);
             // S_i landed; PV_{i-1} may still run while the softmax does.
             wgmma::wait::<1>();
             s.fence_operand();
-            ops.k.consumer_release(kst);
-            if let Some(l) = loader.as_deref_mut() {
+            ops.k.consumer_release(*kst);
+            if is_loader {
                 if i + STAGES < n {
-                    l.load_k(i + STAGES);
+                    loader.load_k(tile, i + STAGES);
                 }
             }
             kst.advance();
@@ -231,57 +233,57 @@ where
             o.fence_operand();
             // P_i may only overwrite the A registers once PV_{i-1} has read them.
             s.fence_operand();
-            ops.v.consumer_release(vst);
-            if let Some(l) = loader.as_deref_mut() {
+            ops.v.consumer_release(*vst);
+            if is_loader {
                 if i - 1 + STAGES < n {
-                    l.load_v(i - 1 + STAGES);
+                    loader.load_v(tile, i - 1 + STAGES);
                 }
             }
             vst.advance();
             OnlineSoftmax::rescale(&mut o, alpha);
             pf = to_p::<E, SN, PK>(&s);
         }
-        ops.v.consumer_wait(vst);
+        ops.v.consumer_wait(*vst);
         pingpong.begin();
         fence_before_gemms(&mut s, &mut o, &mut pf);
-        pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(vst));
+        pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*vst));
         wgmma::commit();
         pingpong.end(true);
         wgmma::wait::<0>();
         o.fence_operand();
-        ops.v.consumer_release(vst);
+        ops.v.consumer_release(*vst);
     } else {
         // n GEMM turns: QK_i; then softmax, PV_i, serially.
         pingpong.start(n);
         for i in 0..n {
-            ops.k.consumer_wait(kst);
+            ops.k.consumer_wait(*kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);
-            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(kst));
+            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*kst));
             wgmma::commit();
             pingpong.end(i + 1 == n);
             wgmma::wait::<0>();
             s.fence_operand();
-            ops.k.consumer_release(kst);
-            if let Some(l) = loader.as_deref_mut() {
+            ops.k.consumer_release(*kst);
+            if is_loader {
                 if i + STAGES < n {
-                    l.load_k(i + STAGES);
+                    loader.load_k(tile, i + STAGES);
                 }
             }
             kst.advance();
             let alpha = masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, i);
             OnlineSoftmax::rescale(&mut o, alpha);
             pf = to_p::<E, SN, PK>(&s);
-            ops.v.consumer_wait(vst);
+            ops.v.consumer_wait(*vst);
             fence_before_gemms(&mut s, &mut o, &mut pf);
-            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(vst));
+            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*vst));
             wgmma::commit();
             wgmma::wait::<0>();
             o.fence_operand();
-            ops.v.consumer_release(vst);
-            if let Some(l) = loader.as_deref_mut() {
+            ops.v.consumer_release(*vst);
+            if is_loader {
                 if i + STAGES < n {
-                    l.load_v(i + STAGES);
+                    loader.load_v(tile, i + STAGES);
                 }
             }
             vst.advance();

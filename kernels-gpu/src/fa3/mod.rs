@@ -1,12 +1,12 @@
 //! FlashAttention-3 forward for Hopper (sm_90a).
 //!
-//! - [`producer`]: TMA loads (Q once; K and V through their rings), one thread of a
+//! - [`producer`]: TMA loads (Q per tile; K and V through their rings), one thread of a
 //!   producer warpgroup that hands its registers back with `setmaxnreg.dec`;
 //! - [`mainloop`]: two consumer warpgroups (`setmaxnreg.inc`), 64 query rows each: SS WGMMA
 //!   for QK^T, online softmax, RS WGMMA for PV, intra-warpgroup overlap and pingpong;
 //! - [`epilogue`]: O through shared memory and a TMA store, LSE;
-//! - [`scheduler`]: tile order and the key blocks a tile visits (causal blocks past the
-//!   diagonal are never loaded nor computed);
+//! - [`scheduler`]: tile order (persistent or one tile per CTA) and the key blocks a tile
+//!   visits (causal blocks past the diagonal are never loaded nor computed);
 //! - [`pipeline`]: the stage/phase ring of mbarriers.
 pub mod epilogue;
 pub mod mainloop;
@@ -15,10 +15,11 @@ pub mod producer;
 pub mod scheduler;
 
 use crate::element::Element;
-use crate::ptx::mbarrier::{self, Mbarrier};
-use crate::ptx::smem::{align_up, dynamic_smem_base};
+use crate::ptx::mbarrier;
+use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
 use crate::ptx::tma::TensorMap;
 use crate::ptx::wgmma::WgmmaAcc;
+use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::{barrier, regs, sreg};
 use crate::softmax::Frag;
 use common::fa3::{BLOCK_M, CONSUMER_REGS, CONSUMER_WGS, PRODUCER_REGS, SmemLayout, TileConfig, smem_layout};
@@ -26,6 +27,7 @@ use common::{FwdParams, gmma::k_major_sw128};
 use mainloop::{Operands, PingPong};
 use pipeline::{PipelineState, TmaPipeline};
 use producer::Loader;
+use scheduler::TileIter;
 
 /// The kernel body. `tma`: generic address of the descriptor block (q, k, v, o maps,
 /// 128 B each). `SN = BLOCK_N/8`, `ON = D/8`, `PK = BLOCK_N/16` size the register tiles.
@@ -53,108 +55,139 @@ pub unsafe fn fwd<
     let layout: SmemLayout = const { smem_layout(TileConfig { hdim: D, block_n: BLOCK_N, stages: STAGES }) };
     let base = align_up(dynamic_smem_base(), 1024);
     let tid = sreg::thread_idx_x();
-    let q_full = Mbarrier(base.add(layout.barriers));
-    let k = TmaPipeline::<STAGES> { data: base.add(layout.k), stage_bytes: layout.kv_stage_bytes, barriers: base.add(layout.barriers + 8) };
+    let bars = base.add(layout.barriers);
+    let kv_barriers = 16 * STAGES;
+    let q = TmaPipeline::<1> { data: base.add(layout.q), stage_bytes: BLOCK_M * D * 2, barriers: bars };
+    let k = TmaPipeline::<STAGES> { data: base.add(layout.k), stage_bytes: layout.kv_stage_bytes, barriers: bars.add(16) };
     let v = TmaPipeline::<STAGES> {
         data: base.add(layout.v),
         stage_bytes: layout.kv_stage_bytes,
-        barriers: base.add(layout.barriers + 8 + 16 * STAGES),
+        barriers: bars.add(16 + kv_barriers),
     };
     if tid == 0 {
-        q_full.init(1);
+        q.init(128 * CONSUMER_WGS);
         k.init(128 * CONSUMER_WGS);
         v.init(128 * CONSUMER_WGS);
         mbarrier::fence_init();
     }
     barrier::sync_threads();
 
-    let tile = scheduler::current_tile::<BLOCK_M, BLOCK_N>(&p);
-    let q_smem = base.add(layout.q);
-    let mut loader = Loader::<STAGES, BLOCK_M, BLOCK_N> {
+    let mut loader = Loader::<STAGES, BLOCK_N> {
         tma_q: TensorMap(tma),
         tma_k: TensorMap(tma + 128),
         tma_v: TensorMap(tma + 256),
-        q_smem,
-        q_full,
-        q_bytes: BLOCK_M * D * 2,
+        q,
         k,
         v,
+        q_state: PipelineState::new(),
         k_state: PipelineState::new(),
         v_state: PipelineState::new(),
-        tile,
     };
-    let tma_o = TensorMap(tma + 384);
+    let consumer = Consumer::<D, BLOCK_N, STAGES> {
+        tma_o: TensorMap(tma + 384),
+        q,
+        k,
+        v,
+        o_smem: base.add(layout.o),
+        o_shares_q: layout.o_shares_q(),
+    };
     let wg = tid / 128;
     let thread_in_wg = tid % 128;
+    let mut tiles = TileIter::<BLOCK_M, BLOCK_N>::new(&p);
     if WS {
         if wg == 0 {
             regs::dealloc::<PRODUCER_REGS>();
             if tid == 0 {
-                loader.run();
+                loader.prefetch_descriptors();
+                while let Some(tile) = tiles.next(&p) {
+                    loader.load_tile(&tile, tile.m_block * BLOCK_M);
+                }
             }
         } else {
             regs::alloc::<CONSUMER_REGS>();
-            consume::<E, D, BLOCK_N, STAGES, SN, ON, PK, PINGPONG, OVERLAP>(&p, &tile, &loader, tma_o, wg - 1, thread_in_wg, None);
+            consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg - 1, thread_in_wg, &mut loader, false);
         }
     } else {
-        // No producer warpgroup: thread 0 fills the rings ahead and refills them from
-        // inside the mainloop.
-        let n = tile.n_blocks;
-        if tid == 0 && n > 0 {
+        // No producer warpgroup: thread 0 loads each tile's Q and first stages itself and
+        // refills the rings from inside the mainloop.
+        if tid == 0 {
             loader.prefetch_descriptors();
-            loader.load_q();
-            for i in 0..if n < STAGES { n } else { STAGES } {
-                loader.load_k(i);
-                loader.load_v(i);
-            }
         }
-        let shared = loader.shared_view();
-        consume::<E, D, BLOCK_N, STAGES, SN, ON, PK, PINGPONG, OVERLAP>(
-            &p,
-            &tile,
-            &shared,
-            tma_o,
-            wg,
-            thread_in_wg,
-            if tid == 0 { Some(&mut loader) } else { None },
-        );
+        consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg, thread_in_wg, &mut loader, tid == 0);
     }
 }
 
-/// One consumer warpgroup: mainloop, then epilogue.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn consume<
-    E: Element,
-    const D: u32,
-    const BLOCK_N: u32,
-    const STAGES: u32,
-    const SN: usize,
-    const ON: usize,
-    const PK: usize,
-    const PINGPONG: bool,
-    const OVERLAP: bool,
->(
-    p: &FwdParams,
-    tile: &scheduler::Tile,
-    smem: &Loader<STAGES, BLOCK_M, BLOCK_N>,
+/// What a consumer warpgroup needs besides its registers.
+#[derive(Clone, Copy)]
+struct Consumer<const D: u32, const BLOCK_N: u32, const STAGES: u32> {
     tma_o: TensorMap,
-    cw: u32,
-    thread_in_wg: u32,
-    loader: Option<&mut Loader<STAGES, BLOCK_M, BLOCK_N>>,
-) where
-    [Frag; SN]: WgmmaAcc,
-    [Frag; ON]: WgmmaAcc,
-{
-    let ops = Operands { q_full: smem.q_full, q_desc: k_major_sw128(smem.q_smem.add(cw * 64 * 128).0), k: smem.k, v: smem.v };
-    let (o, softmax) = mainloop::run::<E, D, BLOCK_M, BLOCK_N, STAGES, SN, ON, PK, OVERLAP>(
-        p,
-        tile,
-        &ops,
-        PingPong { enabled: PINGPONG, wg: cw },
-        cw,
-        thread_in_wg,
-        loader,
-    );
-    epilogue::store::<E, D, BLOCK_M, ON>(p, tile, tma_o, smem.q_smem, &o, &softmax, cw, thread_in_wg);
+    q: TmaPipeline<1>,
+    k: TmaPipeline<STAGES>,
+    v: TmaPipeline<STAGES>,
+    o_smem: SmemAddr,
+    o_shares_q: bool,
+}
+
+impl<const D: u32, const BLOCK_N: u32, const STAGES: u32> Consumer<D, BLOCK_N, STAGES> {
+    /// Every tile of this CTA: wait for Q, mainloop, epilogue. `is_loader`: this thread
+    /// issues the loads itself (no warp specialization).
+    #[inline(always)]
+    fn run<E: Element, const SN: usize, const ON: usize, const PK: usize, const PINGPONG: bool, const OVERLAP: bool>(
+        &self,
+        p: &FwdParams,
+        tiles: &mut TileIter<BLOCK_M, BLOCK_N>,
+        cw: u32,
+        thread_in_wg: u32,
+        loader: &mut Loader<STAGES, BLOCK_N>,
+        is_loader: bool,
+    ) where
+        [Frag; SN]: WgmmaAcc,
+        [Frag; ON]: WgmmaAcc,
+    {
+        let ops = Operands { q_desc: k_major_sw128(self.q.slot(0).add(cw * 64 * 128).0), k: self.k, v: self.v };
+        let (mut qst, mut kst, mut vst) = (PipelineState::<1>::new(), PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
+        while let Some(tile) = tiles.next(p) {
+            // Per-tile addresses are recomputed each tile rather than hoisted out of the
+            // tile loop, where they would pin dozens of registers.
+            let ops = Operands { q_desc: opaque_u64(ops.q_desc), ..ops };
+            let o_smem = SmemAddr(opaque_u32(self.o_smem.0));
+            if is_loader {
+                loader.load_q(&tile, tile.m_block * BLOCK_M);
+                for i in 0..if tile.n_blocks < STAGES { tile.n_blocks } else { STAGES } {
+                    loader.load_k(&tile, i);
+                    loader.load_v(&tile, i);
+                }
+            }
+            self.q.consumer_wait(qst);
+            let (o, softmax) = mainloop::run::<E, D, BLOCK_M, BLOCK_N, STAGES, SN, ON, PK, OVERLAP>(
+                p,
+                &tile,
+                &ops,
+                PingPong { enabled: PINGPONG, wg: cw },
+                cw,
+                thread_in_wg,
+                &mut kst,
+                &mut vst,
+                loader,
+                is_loader,
+            );
+            if !self.o_shares_q {
+                // This warpgroup's last QK^T is done: the producer may load the next Q.
+                self.q.consumer_release(qst);
+            }
+            epilogue::store::<E, D, BLOCK_M, ON>(
+                p,
+                &tile,
+                self.tma_o,
+                o_smem,
+                &o,
+                &softmax,
+                cw,
+                thread_in_wg,
+                if self.o_shares_q { Some(self.q.empty(0)) } else { None },
+            );
+            qst.advance();
+        }
+        epilogue::drain(thread_in_wg);
+    }
 }

@@ -67,8 +67,14 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
     /// full barrier for the bytes the TMA will deliver.
     #[inline(always)]
     pub fn producer_acquire(&self, st: PipelineState<STAGES>) {
+        self.producer_acquire_bytes(st, self.stage_bytes);
+    }
+
+    /// As [`Self::producer_acquire`] for `bytes` (0: the slot is handed over without data).
+    #[inline(always)]
+    pub fn producer_acquire_bytes(&self, st: PipelineState<STAGES>, bytes: u32) {
         self.empty(st.index).wait(st.phase ^ 1);
-        self.full(st.index).arrive_expect_tx(self.stage_bytes);
+        self.full(st.index).arrive_expect_tx(bytes);
     }
 
     /// Consumer: waits until the slot's data landed.

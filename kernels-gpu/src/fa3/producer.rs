@@ -1,34 +1,27 @@
-//! The producer: TMA loads of Q once and of the K and V tiles into their rings, in the
-//! order the consumers use them (K of step i is fetched before V of step i-1, since
-//! the overlapped mainloop needs S_i before PV_{i-1}).
+//! The producer: TMA loads of each tile's Q into its one-slot buffer, and of the K and V
+//! tiles into their rings, in the order the consumers use them (K of step i is fetched
+//! before V of step i-1, since the overlapped mainloop needs S_i before PV_{i-1}). The
+//! ring positions carry over from tile to tile, so the next tile's loads start as soon
+//! as slots free up, while the consumers still finish the current one.
 use super::pipeline::{PipelineState, TmaPipeline};
 use super::scheduler::Tile;
-use crate::ptx::mbarrier::Mbarrier;
-use crate::ptx::smem::SmemAddr;
 use crate::ptx::tma::TensorMap;
 
 #[derive(Clone, Copy)]
-pub struct Loader<const STAGES: u32, const BLOCK_M: u32, const BLOCK_N: u32> {
+pub struct Loader<const STAGES: u32, const BLOCK_N: u32> {
     pub tma_q: TensorMap,
     pub tma_k: TensorMap,
     pub tma_v: TensorMap,
-    pub q_smem: SmemAddr,
-    pub q_full: Mbarrier,
-    pub q_bytes: u32,
+    /// One slot: Q of the current tile.
+    pub q: TmaPipeline<1>,
     pub k: TmaPipeline<STAGES>,
     pub v: TmaPipeline<STAGES>,
+    pub q_state: PipelineState<1>,
     pub k_state: PipelineState<STAGES>,
     pub v_state: PipelineState<STAGES>,
-    pub tile: Tile,
 }
 
-impl<const STAGES: u32, const BLOCK_M: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_M, BLOCK_N> {
-    /// A copy for reading the shared-memory addresses while the loader itself is lent out.
-    #[inline(always)]
-    pub fn shared_view(&self) -> Self {
-        *self
-    }
-
+impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     #[inline(always)]
     pub fn prefetch_descriptors(&self) {
         self.tma_q.prefetch();
@@ -36,62 +29,79 @@ impl<const STAGES: u32, const BLOCK_M: u32, const BLOCK_N: u32> Loader<STAGES, B
         self.tma_v.prefetch();
     }
 
+    /// Loads Q of `tile` once the consumers released the previous one. A tile with no
+    /// key to see gets the slot without a load (its output is zeros, staged in memory a
+    /// late Q load must not land on).
     #[inline(always)]
-    pub fn load_q(&self) {
-        let t = &self.tile;
-        self.q_full.arrive_expect_tx(self.q_bytes);
-        // SAFETY: the Q tile is sized for the box; the barrier expects its bytes.
-        unsafe {
-            self.tma_q.load_5d(self.q_smem, self.q_full, [0, (t.m_block * BLOCK_M) as i32, 0, t.head as i32, t.batch as i32])
-        };
+    pub fn load_q(&mut self, tile: &Tile, row0: u32) {
+        let st = self.q_state;
+        if tile.n_blocks == 0 {
+            self.q.producer_acquire_bytes(st, 0);
+        } else {
+            self.q.producer_acquire(st);
+            // SAFETY: the slot holds one box; its full barrier expects the bytes.
+            unsafe {
+                self.tma_q.load_5d(self.q.slot(0), self.q.full(0), [0, row0 as i32, 0, tile.head as i32, tile.batch as i32])
+            };
+        }
+        self.q_state.advance();
     }
 
-    /// Key block visited at step `i` (steps run from the last block down).
+    /// Key row of step `i` (steps run from the last block down).
     #[inline(always)]
-    fn key_row(&self, i: u32) -> i32 {
-        ((self.tile.n_blocks - 1 - i) * BLOCK_N) as i32
+    fn key_row(tile: &Tile, i: u32) -> i32 {
+        ((tile.n_blocks - 1 - i) * BLOCK_N) as i32
     }
 
     /// Loads K of step `i` into the next K slot (waits for it to be free).
     #[inline(always)]
-    pub fn load_k(&mut self, i: u32) {
-        let (t, st) = (self.tile, self.k_state);
+    pub fn load_k(&mut self, tile: &Tile, i: u32) {
+        let st = self.k_state;
         self.k.producer_acquire(st);
-        // SAFETY: the slot holds one box; its full barrier expects the bytes.
+        // SAFETY: as for Q.
         unsafe {
-            self.tma_k.load_5d(self.k.slot(st.index), self.k.full(st.index), [0, self.key_row(i), 0, t.head_k as i32, t.batch as i32])
+            self.tma_k.load_5d(self.k.slot(st.index), self.k.full(st.index), [
+                0,
+                Self::key_row(tile, i),
+                0,
+                tile.head_k as i32,
+                tile.batch as i32,
+            ])
         };
         self.k_state.advance();
     }
 
     /// Loads V of step `i` into the next V slot (waits for it to be free).
     #[inline(always)]
-    pub fn load_v(&mut self, i: u32) {
-        let (t, st) = (self.tile, self.v_state);
+    pub fn load_v(&mut self, tile: &Tile, i: u32) {
+        let st = self.v_state;
         self.v.producer_acquire(st);
-        // SAFETY: as for K.
+        // SAFETY: as for Q.
         unsafe {
-            self.tma_v.load_5d(self.v.slot(st.index), self.v.full(st.index), [0, self.key_row(i), 0, t.head_k as i32, t.batch as i32])
+            self.tma_v.load_5d(self.v.slot(st.index), self.v.full(st.index), [
+                0,
+                Self::key_row(tile, i),
+                0,
+                tile.head_k as i32,
+                tile.batch as i32,
+            ])
         };
         self.v_state.advance();
     }
 
-    /// The warp-specialized producer's whole job (one thread).
+    /// All loads of one tile, in consumption order (the warp-specialized producer).
     #[inline(always)]
-    pub fn run(&mut self) {
-        let n = self.tile.n_blocks;
+    pub fn load_tile(&mut self, tile: &Tile, row0: u32) {
+        self.load_q(tile, row0);
+        let n = tile.n_blocks;
         if n == 0 {
-            // No key to see: the consumers write zeros through the Q tile's memory, which
-            // a Q load landing later would overwrite.
             return;
         }
-        self.prefetch_descriptors();
-        self.load_q();
-        self.load_k(0);
+        self.load_k(tile, 0);
         for i in 1..n {
-            self.load_k(i);
-            self.load_v(i - 1);
+            self.load_k(tile, i);
+            self.load_v(tile, i - 1);
         }
-        self.load_v(n - 1);
+        self.load_v(tile, n - 1);
     }
 }
