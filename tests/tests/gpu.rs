@@ -80,6 +80,23 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // More tiles than SMs: the persistent grid loops over several tiles per CTA.
+    for d in [64, 128, 256] {
+        for causal in [false, true] {
+            v.push(Case {
+                algo: Algo::Fa3(Techniques::FULL),
+                dtype: DType::BF16,
+                d,
+                b: 3,
+                sq: 1500,
+                sk: 1300,
+                hq: 8,
+                hk: 4,
+                causal,
+                storage: Storage::Packed,
+            });
+        }
+    }
     // The FA3 ablation kernels (hdim 128, fp16) compute the same function.
     for t in [Techniques::NO_PINGPONG, Techniques::NO_OVERLAP, Techniques::NO_WARP_SPECIALIZATION] {
         for causal in [false, true] {

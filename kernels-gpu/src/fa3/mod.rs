@@ -82,6 +82,7 @@ pub unsafe fn fwd<
         q_state: PipelineState::new(),
         k_state: PipelineState::new(),
         v_state: PipelineState::new(),
+        leader: tid == 0,
     };
     let consumer = Consumer::<D, BLOCK_N, STAGES> {
         tma_o: TensorMap(tma + 384),
@@ -108,12 +109,14 @@ pub unsafe fn fwd<
             consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg - 1, thread_in_wg, &mut loader, false);
         }
     } else {
-        // No producer warpgroup: thread 0 loads each tile's Q and first stages itself and
-        // refills the rings from inside the mainloop.
+        // No producer warpgroup: the consumers load each tile's Q and first stages and
+        // refill the rings from inside the mainloop. Thread 0 issues; every consumer thread
+        // runs the same code and waits along, so no branch diverges next to the wgmma
+        // (ptxas would serialize them).
         if tid == 0 {
             loader.prefetch_descriptors();
         }
-        consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg, thread_in_wg, &mut loader, tid == 0);
+        consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg, thread_in_wg, &mut loader, true);
     }
 }
 

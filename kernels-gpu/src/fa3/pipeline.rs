@@ -65,16 +65,17 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
     /// Producer: waits until the slot was released by every consumer (the first round
     /// passes at once: a fresh barrier counts its "previous" phase as done), then arms the
     /// full barrier for the bytes the TMA will deliver.
+    /// Only `leader` arms the barrier; every calling thread waits.
     #[inline(always)]
-    pub fn producer_acquire(&self, st: PipelineState<STAGES>) {
-        self.producer_acquire_bytes(st, self.stage_bytes);
+    pub fn producer_acquire(&self, st: PipelineState<STAGES>, leader: bool) {
+        self.producer_acquire_bytes(st, self.stage_bytes, leader);
     }
 
     /// As [`Self::producer_acquire`] for `bytes` (0: the slot is handed over without data).
     #[inline(always)]
-    pub fn producer_acquire_bytes(&self, st: PipelineState<STAGES>, bytes: u32) {
+    pub fn producer_acquire_bytes(&self, st: PipelineState<STAGES>, bytes: u32, leader: bool) {
         self.empty(st.index).wait(st.phase ^ 1);
-        self.full(st.index).arrive_expect_tx(bytes);
+        self.full(st.index).arrive_expect_tx(bytes, leader);
     }
 
     /// Consumer: waits until the slot's data landed.

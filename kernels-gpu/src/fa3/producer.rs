@@ -19,6 +19,9 @@ pub struct Loader<const STAGES: u32, const BLOCK_N: u32> {
     pub q_state: PipelineState<1>,
     pub k_state: PipelineState<STAGES>,
     pub v_state: PipelineState<STAGES>,
+    /// The one thread that arms barriers and issues copies; the others calling the
+    /// loader (a whole warpgroup without warp specialization) only wait along.
+    pub leader: bool,
 }
 
 impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
@@ -36,12 +39,12 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     pub fn load_q(&mut self, tile: &Tile, row0: u32) {
         let st = self.q_state;
         if tile.n_blocks == 0 {
-            self.q.producer_acquire_bytes(st, 0);
+            self.q.producer_acquire_bytes(st, 0, self.leader);
         } else {
-            self.q.producer_acquire(st);
+            self.q.producer_acquire(st, self.leader);
             // SAFETY: the slot holds one box; its full barrier expects the bytes.
             unsafe {
-                self.tma_q.load_5d(self.q.slot(0), self.q.full(0), [0, row0 as i32, 0, tile.head as i32, tile.batch as i32])
+                self.tma_q.load_5d(self.q.slot(0), self.q.full(0), [0, row0 as i32, 0, tile.head as i32, tile.batch as i32], self.leader)
             };
         }
         self.q_state.advance();
@@ -57,7 +60,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     #[inline(always)]
     pub fn load_k(&mut self, tile: &Tile, i: u32) {
         let st = self.k_state;
-        self.k.producer_acquire(st);
+        self.k.producer_acquire(st, self.leader);
         // SAFETY: as for Q.
         unsafe {
             self.tma_k.load_5d(self.k.slot(st.index), self.k.full(st.index), [
@@ -66,7 +69,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
                 0,
                 tile.head_k as i32,
                 tile.batch as i32,
-            ])
+            ], self.leader)
         };
         self.k_state.advance();
     }
@@ -75,7 +78,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     #[inline(always)]
     pub fn load_v(&mut self, tile: &Tile, i: u32) {
         let st = self.v_state;
-        self.v.producer_acquire(st);
+        self.v.producer_acquire(st, self.leader);
         // SAFETY: as for Q.
         unsafe {
             self.tma_v.load_5d(self.v.slot(st.index), self.v.full(st.index), [
@@ -84,7 +87,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
                 0,
                 tile.head_k as i32,
                 tile.batch as i32,
-            ])
+            ], self.leader)
         };
         self.v_state.advance();
     }

@@ -26,12 +26,15 @@ impl Mbarrier {
     }
 
     /// Arrives and adds `bytes` to the transaction count the phase waits for (the
-    /// producer, before issuing TMA loads that complete on this barrier).
+    /// producer, before issuing TMA loads that complete on this barrier). Only threads
+    /// with `leader` set act: a predicate, not a branch, so a whole warpgroup can run the
+    /// producer code without diverging (divergence next to wgmma serializes it).
     #[inline(always)]
-    pub fn arrive_expect_tx(self, bytes: u32) {
+    pub fn arrive_expect_tx(self, bytes: u32, leader: bool) {
         // SAFETY: an initialised barrier.
         unsafe {
-            asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{0}], {1};", in(reg32) self.0.0, in(reg32) bytes, options(nostack))
+            asm!("{{ .reg .pred p; setp.ne.b32 p, {2}, 0; @p mbarrier.arrive.expect_tx.shared::cta.b64 _, [{0}], {1}; }}",
+                 in(reg32) self.0.0, in(reg32) bytes, in(reg32) leader as u32, options(nostack))
         };
     }
 

@@ -40,17 +40,19 @@ impl TensorMap {
     }
 
     /// Loads the box at element coordinates `c` (innermost first) into `dst`; the bytes
-    /// count toward `bar`'s transaction. Out-of-bounds elements are zero-filled.
+    /// count toward `bar`'s transaction. Out-of-bounds elements are zero-filled. Only
+    /// threads with `leader` set issue it (a predicate, as for
+    /// [`Mbarrier::arrive_expect_tx`]).
     ///
     /// # Safety
     /// `dst` must hold the whole box, 1024 B aligned for swizzled maps; `bar` must expect
     /// the bytes.
     #[inline(always)]
-    pub unsafe fn load_5d(self, dst: SmemAddr, bar: Mbarrier, c: [i32; 5]) {
+    pub unsafe fn load_5d(self, dst: SmemAddr, bar: Mbarrier, c: [i32; 5], leader: bool) {
         unsafe {
-            asm!("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [{0}], [{1}, {{{3}, {4}, {5}, {6}, {7}}}], [{2}];",
+            asm!("{{ .reg .pred p; setp.ne.b32 p, {8}, 0; @p cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [{0}], [{1}, {{{3}, {4}, {5}, {6}, {7}}}], [{2}]; }}",
                  in(reg32) dst.0, in(reg64) self.0, in(reg32) bar.0.0,
-                 in(reg32) c[0], in(reg32) c[1], in(reg32) c[2], in(reg32) c[3], in(reg32) c[4],
+                 in(reg32) c[0], in(reg32) c[1], in(reg32) c[2], in(reg32) c[3], in(reg32) c[4], in(reg32) leader as u32,
                  options(nostack))
         };
     }
