@@ -252,6 +252,8 @@ where
         wgmma::wait::<0>();
         o.fence_operand();
         ops.v.consumer_release(*vst);
+        // The ring position carries over to the next tile.
+        vst.advance();
     } else {
         // n GEMM turns: QK_i; then softmax, PV_i, serially.
         pingpong.start(n);
