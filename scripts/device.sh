@@ -3,11 +3,13 @@
 # usage: scripts/device.sh STEP...
 #   info smoke tests check bench peers table sass sanitize ablation
 # Env: DTYPE (f16), ALGO (fa3), BENCH_ARGS, PEER_ARGS, TESTS_FILTER.
-# Logs and CSVs go to $OUT (default /tmp/fa3-out). Every step has a time limit so a hang
+# Results go to $OUT (default /tmp/fa3-out). Every step has a time limit so a hang
 # costs minutes, not the whole call.
 set -uo pipefail
 B=.device/bin
 OUT=${OUT:-/tmp/fa3-out}
+# Only the results worth keeping go to $OUT (at most 8 files come back); the rest to $TMP.
+TMP=$(mktemp -d)
 DTYPE=${DTYPE:-f16}
 ALGO=${ALGO:-fa3}
 mkdir -p "$OUT"
@@ -22,17 +24,17 @@ for step in "$@"; do
       done ;;
     tests) FA3_REQUIRE_GPU=1 timeout 400 $B/gpu ${TESTS_FILTER:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^    |\.\.\. ok$' ; status=$((status | $?)) ;;
     check) timeout 120 $B/fa3 run --random 2x4096x16x128 --causal --dtype bf16 --check --algo "$ALGO" || status=1 ;;
-    bench) timeout 300 $B/fa3 bench --dtype "$DTYPE" --algo "$ALGO" --csv "$OUT/ours_${ALGO}_$DTYPE.csv" ${BENCH_ARGS:-} > "$OUT/bench_${ALGO}_$DTYPE.log" || status=1; tail -n 3 "$OUT/bench_${ALGO}_$DTYPE.log" ;;
+    bench) timeout 300 $B/fa3 bench --dtype "$DTYPE" --algo "$ALGO" --csv "$OUT/ours_${ALGO}_$DTYPE.csv" ${BENCH_ARGS:-} > "$TMP/bench_${ALGO}_$DTYPE.log" || status=1; tail -n 3 "$TMP/bench_${ALGO}_$DTYPE.log" ;;
     ablation)
       for a in fa3 fa3-nopingpong fa3-nooverlap fa3-nows fa2; do
-        timeout 120 $B/fa3 bench --dtype f16 --hdims 128 --seqlens 512,1024,2048,4096,8192,16384 --algo $a --csv "$OUT/ablation_$a.csv" > /dev/null || status=1
+        timeout 120 $B/fa3 bench --dtype f16 --hdims 128 --seqlens 512,1024,2048,4096,8192,16384 --algo $a --csv "$TMP/ablation_$a.csv" > /dev/null || status=1
       done
-      python3 scripts/compare.py "$OUT"/ablation_*.csv | tee "$OUT/ablation.md" ;;
-    peers) timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$OUT/peers_$DTYPE.csv" ${PEER_ARGS:-} > "$OUT/peers_$DTYPE.log" 2>&1 || status=1; tail -n 2 "$OUT/peers_$DTYPE.log" ;;
+      python3 scripts/compare.py "$TMP"/ablation_*.csv "$OUT/peers_$DTYPE.csv" | tee "$OUT/ablation.md" ;;
+    peers) timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$OUT/peers_$DTYPE.csv" ${PEER_ARGS:-} > "$TMP/peers_$DTYPE.log" 2>&1 || status=1; tail -n 2 "$TMP/peers_$DTYPE.log" ;;
     table) python3 scripts/compare.py "$OUT"/ours_*_"$DTYPE".csv "$OUT/peers_$DTYPE.csv" | tee "$OUT/table_$DTYPE.md" ;;
     sass)
-      $B/fa3 ptx > "$OUT/kernels.ptx"
-      ptxas -arch=sm_90a -v "$OUT/kernels.ptx" -o /tmp/k.cubin > "$OUT/ptxas.log" 2>&1
+      $B/fa3 ptx > "$TMP/kernels.ptx"
+      ptxas -arch=sm_90a -v "$TMP/kernels.ptx" -o /tmp/k.cubin > "$OUT/ptxas.log" 2>&1
       grep -E "warning" "$OUT/ptxas.log"
       cuobjdump -sass /tmp/k.cubin > /tmp/k.sass
       for f in $(grep -oE "Function : [a-z0-9_]+" /tmp/k.sass | awk '{print $3}'); do
@@ -41,8 +43,7 @@ for step in "$@"; do
         printf "%-32s regs %3s HGMMA %4d HMMA %4d USETMAXREG %d UTMALDG %d UTMASTG %d LDL %d STL %d\n" "$f" "$regs" \
           "$(grep -c HGMMA /tmp/one.sass)" "$(grep -c 'HMMA' /tmp/one.sass)" "$(grep -c USETMAXREG /tmp/one.sass)" \
           "$(grep -c UTMALDG /tmp/one.sass)" "$(grep -c UTMASTG /tmp/one.sass)" "$(grep -c 'LDL' /tmp/one.sass)" "$(grep -c 'STL' /tmp/one.sass)"
-      done | tee "$OUT/sass_summary.txt"
-      gzip -c /tmp/k.sass > "$OUT/kernels.sass.gz" ;;
+      done | tee "$OUT/sass_summary.txt" ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
         for d in 64 128 256; do

@@ -23,7 +23,9 @@ pub struct AttnOptions {
 /// Grid of the FA3 kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Schedule {
-    /// Persistent.
+    /// Persistent without a causal mask; one tile per CTA with one (its tiles differ in
+    /// cost, and the hardware's dynamic block scheduling balances them better than the
+    /// static persistent order: measured 0.6x vs 1.0x at hdim 128, seqlen 16k).
     #[default]
     Auto,
     /// One CTA per SM, each looping over tiles; a tile's loads overlap the previous
@@ -220,6 +222,7 @@ pub fn plan_forward(
                 return Err(AttnError::TooLarge(format!("{tiles} tiles of {} query rows", fa3::BLOCK_M)));
             }
             let ctas = match opts.schedule {
+                Schedule::Auto if opts.causal => tiles,
                 Schedule::Auto | Schedule::Persistent => tiles.min(sm_count.max(1) as usize),
                 Schedule::TilePerCta => tiles,
             };

@@ -55,8 +55,9 @@ macro_rules! fa3_entry {
             let tma = kernel_param0_address!($name);
             const BN: u32 = tile_config($d).block_n;
             const STAGES: u32 = tile_config($d).stages;
+            const PINGPONG: bool = $pp && tile_config($d).pingpong;
             unsafe {
-                fa3::fwd::<$elem, $d, BN, STAGES, { BN as usize / 8 }, { $d / 8 }, { BN as usize / 16 }, $ws, $pp, $ov>(tma, p)
+                fa3::fwd::<$elem, $d, BN, STAGES, { BN as usize / 8 }, { $d / 8 }, { BN as usize / 16 }, $ws, PINGPONG, $ov>(tma, p)
             }
         }
     };

@@ -68,6 +68,11 @@ fn persistent_grid_is_capped_at_the_sm_count() {
     assert_eq!(c.plan().unwrap().grid, (132, 1, 1));
     c.opts = c.opts.schedule(Schedule::TilePerCta);
     assert_eq!(c.plan().unwrap().grid, (32 * 8 * 2, 1, 1));
+    // Causal tiles differ in cost: by default the hardware schedules one per CTA.
+    c.opts = AttnOptions::default().causal(true);
+    assert_eq!(c.plan().unwrap().grid, (32 * 8 * 2, 1, 1));
+    c.opts = c.opts.schedule(Schedule::Persistent);
+    assert_eq!(c.plan().unwrap().grid, (132, 1, 1));
 }
 
 #[test]

@@ -52,7 +52,7 @@ pub unsafe fn fwd<
     [Frag; ON]: WgmmaAcc,
 {
     const { assert!(SN as u32 * 8 == BLOCK_N && ON as u32 * 8 == D && PK as u32 * 16 == BLOCK_N && D % 64 == 0) };
-    let layout: SmemLayout = const { smem_layout(TileConfig { hdim: D, block_n: BLOCK_N, stages: STAGES }) };
+    let layout: SmemLayout = const { smem_layout(TileConfig { hdim: D, block_n: BLOCK_N, stages: STAGES, pingpong: PINGPONG }) };
     let base = align_up(dynamic_smem_base(), 1024);
     let tid = sreg::thread_idx_x();
     let bars = base.add(layout.barriers);
