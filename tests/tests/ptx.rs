@@ -22,10 +22,44 @@ fn targets_sm90a_and_exports_every_kernel() -> Result<(), Failed> {
 /// The host passes `FwdParams` by value: its size must be what the PTX declares.
 fn param_block_matches_the_host_struct() -> Result<(), Failed> {
     let size = std::mem::size_of::<common::FwdParams>();
-    for k in common::KERNELS.iter().filter(|k| k.tma_param_bytes == 0) {
-        let decl = format!(".b8 {}_param_0[{size}]", k.name);
-        if !PTX.contains(&decl) {
-            return Err(format!("{}: no `{decl}` parameter in the PTX", k.name).into());
+    for k in &common::KERNELS {
+        let mut decls = vec![];
+        if k.tma_param_bytes == 0 {
+            decls.push(format!(".b8 {}_param_0[{size}]", k.name));
+        } else {
+            // TMA descriptors first, 128-byte aligned (the TMA unit needs 64), then the block.
+            decls.push(format!(".param .align 128 .b8 {}_param_0[{}]", k.name, k.tma_param_bytes));
+            decls.push(format!(".b8 {}_param_1[{size}]", k.name));
+        }
+        for decl in decls {
+            if !PTX.contains(&decl) {
+                return Err(format!("{}: no `{decl}` parameter in the PTX", k.name).into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The FA3 kernels really use Hopper's machinery: each one's PTX has TMA copies,
+/// mbarrier waits, WGMMA, named-barrier arrivals, and (when warp-specialized)
+/// `setmaxnreg` with the launch bounds that make it take effect, and with pingpong the
+/// `bar.arrive` turns.
+fn fa3_kernels_use_hopper_instructions() -> Result<(), Failed> {
+    for k in common::KERNELS.iter().filter(|k| matches!(k.algo, common::Algo::Fa3(_))) {
+        let start = PTX.find(&format!(".entry {}(", k.name)).ok_or("entry missing")?;
+        let body = &PTX[start..];
+        let body = &body[..body.find("\n}").ok_or("unterminated entry")?];
+        let common::Algo::Fa3(t) = k.algo else { unreachable!() };
+        let mut needed = vec!["cp.async.bulk.tensor", "mbarrier.try_wait", "wgmma.mma_async", ".maxntid"];
+        if t.warp_specialized {
+            needed.extend(["setmaxnreg.dec", "setmaxnreg.inc"]);
+        }
+        // Pingpong's named-barrier turns (off by design at hdim 256, see common::fa3).
+        if t.pingpong && common::fa3::tile_config(k.hdim).pingpong {
+            needed.push("bar.arrive");
+        }
+        if let Some(missing) = needed.iter().find(|n| !body.contains(*n)) {
+            return Err(format!("{}: no `{missing}` in its PTX", k.name).into());
         }
     }
     Ok(())
@@ -77,6 +111,7 @@ fn main() {
         Trial::test("targets_sm90a_and_exports_every_kernel", targets_sm90a_and_exports_every_kernel),
         Trial::test("kernels_cannot_panic", kernels_cannot_panic),
         Trial::test("param_block_matches_the_host_struct", param_block_matches_the_host_struct),
+        Trial::test("fa3_kernels_use_hopper_instructions", fa3_kernels_use_hopper_instructions),
         ptxas_trial,
     ];
     libtest_mimic::run(&args, trials).exit();
