@@ -135,6 +135,40 @@ impl Masker {
     }
 }
 
+/// Releasing ring slots after use and, without warp specialization, refilling them
+/// with the block `STAGES` steps ahead.
+struct Rings<'a, const STAGES: u32, const BLOCK_N: u32> {
+    ops: &'a Operands<STAGES>,
+    kst: &'a mut PipelineState<STAGES>,
+    vst: &'a mut PipelineState<STAGES>,
+    loader: &'a mut Loader<STAGES, BLOCK_N>,
+    /// This thread takes part in loading (no warp specialization).
+    refills: bool,
+    tile: &'a Tile,
+}
+
+impl<const STAGES: u32, const BLOCK_N: u32> Rings<'_, STAGES, BLOCK_N> {
+    /// Done with K of step `i`.
+    #[inline(always)]
+    fn release_k(&mut self, i: u32) {
+        self.ops.k.consumer_release(*self.kst);
+        if self.refills && i + STAGES < self.tile.n_blocks {
+            self.loader.load_k(self.tile, i + STAGES);
+        }
+        self.kst.advance();
+    }
+
+    /// Done with V of step `i`.
+    #[inline(always)]
+    fn release_v(&mut self, i: u32) {
+        self.ops.v.consumer_release(*self.vst);
+        if self.refills && i + STAGES < self.tile.n_blocks {
+            self.loader.load_v(self.tile, i + STAGES);
+        }
+        self.vst.advance();
+    }
+}
+
 /// Runs the mainloop of one tile (Q already landed); returns the unnormalised O
 /// accumulator and the row statistics. `kst`, `vst`: ring positions, carried across tiles.
 /// `is_loader`: this thread refills the rings itself through `loader` (no warp
@@ -187,108 +221,78 @@ where
 
     let mut s = [[0.0f32; 4]; SN];
     let mut pf = [[0u32; 4]; PK];
+    let mut rings = Rings { ops, kst, vst, loader, refills: is_loader, tile };
 
     if OVERLAP {
         // n + 1 GEMM turns: QK_0; (QK_i, PV_{i-1}) for i in 1..n; PV_{n-1}.
         pingpong.start(n + 1);
-        ops.k.consumer_wait(*kst);
+        ops.k.consumer_wait(*rings.kst);
         pingpong.begin();
         fence_before_gemms(&mut s, &mut o, &mut pf);
-        qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*kst));
+        qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
         wgmma::commit();
         pingpong.end(false);
         wgmma::wait::<0>();
         s.fence_operand();
-        ops.k.consumer_release(*kst);
-        if is_loader {
-            if STAGES < n {
-                loader.load_k(tile, STAGES);
-            }
-        }
-        kst.advance();
+        rings.release_k(0);
         masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, 0);
         pf = to_p::<E, SN, PK>(&s);
         for i in 1..n {
-            ops.k.consumer_wait(*kst);
+            ops.k.consumer_wait(*rings.kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);
-            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*kst));
+            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
             wgmma::commit();
-            ops.v.consumer_wait(*vst);
-            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*vst));
+            ops.v.consumer_wait(*rings.vst);
+            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
             wgmma::commit();
             pingpong.end(false);
             // S_i landed; PV_{i-1} may still run while the softmax does.
             wgmma::wait::<1>();
             s.fence_operand();
-            ops.k.consumer_release(*kst);
-            if is_loader {
-                if i + STAGES < n {
-                    loader.load_k(tile, i + STAGES);
-                }
-            }
-            kst.advance();
+            rings.release_k(i);
             let alpha = masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, i);
             wgmma::wait::<0>();
             o.fence_operand();
             // P_i may only overwrite the A registers once PV_{i-1} has read them.
             s.fence_operand();
-            ops.v.consumer_release(*vst);
-            if is_loader {
-                if i - 1 + STAGES < n {
-                    loader.load_v(tile, i - 1 + STAGES);
-                }
-            }
-            vst.advance();
+            rings.release_v(i - 1);
             OnlineSoftmax::rescale(&mut o, alpha);
             pf = to_p::<E, SN, PK>(&s);
         }
-        ops.v.consumer_wait(*vst);
+        ops.v.consumer_wait(*rings.vst);
         pingpong.begin();
         fence_before_gemms(&mut s, &mut o, &mut pf);
-        pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*vst));
+        pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
         wgmma::commit();
         pingpong.end(true);
         wgmma::wait::<0>();
         o.fence_operand();
-        ops.v.consumer_release(*vst);
-        // The ring position carries over to the next tile.
-        vst.advance();
+        // Also moves the ring on: its position carries over to the next tile.
+        rings.release_v(n - 1);
     } else {
         // n GEMM turns: QK_i; then softmax, PV_i, serially.
         pingpong.start(n);
         for i in 0..n {
-            ops.k.consumer_wait(*kst);
+            ops.k.consumer_wait(*rings.kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);
-            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*kst));
+            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
             wgmma::commit();
             pingpong.end(i + 1 == n);
             wgmma::wait::<0>();
             s.fence_operand();
-            ops.k.consumer_release(*kst);
-            if is_loader {
-                if i + STAGES < n {
-                    loader.load_k(tile, i + STAGES);
-                }
-            }
-            kst.advance();
+            rings.release_k(i);
             let alpha = masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, i);
             OnlineSoftmax::rescale(&mut o, alpha);
             pf = to_p::<E, SN, PK>(&s);
-            ops.v.consumer_wait(*vst);
+            ops.v.consumer_wait(*rings.vst);
             fence_before_gemms(&mut s, &mut o, &mut pf);
-            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*vst));
+            pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
             wgmma::commit();
             wgmma::wait::<0>();
             o.fence_operand();
-            ops.v.consumer_release(*vst);
-            if is_loader {
-                if i + STAGES < n {
-                    loader.load_v(tile, i + STAGES);
-                }
-            }
-            vst.advance();
+            rings.release_v(i);
         }
     }
     (o, softmax)

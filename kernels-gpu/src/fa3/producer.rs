@@ -59,37 +59,29 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     /// Loads K of step `i` into the next K slot (waits for it to be free).
     #[inline(always)]
     pub fn load_k(&mut self, tile: &Tile, i: u32) {
-        let st = self.k_state;
-        self.k.producer_acquire(st, self.leader);
-        // SAFETY: as for Q.
-        unsafe {
-            self.tma_k.load_5d(self.k.slot(st.index), self.k.full(st.index), [
-                0,
-                Self::key_row(tile, i),
-                0,
-                tile.head_k as i32,
-                tile.batch as i32,
-            ], self.leader)
-        };
-        self.k_state.advance();
+        Self::load_kv(self.tma_k, &self.k, &mut self.k_state, tile, i, self.leader);
     }
 
     /// Loads V of step `i` into the next V slot (waits for it to be free).
     #[inline(always)]
     pub fn load_v(&mut self, tile: &Tile, i: u32) {
-        let st = self.v_state;
-        self.v.producer_acquire(st, self.leader);
-        // SAFETY: as for Q.
-        unsafe {
-            self.tma_v.load_5d(self.v.slot(st.index), self.v.full(st.index), [
-                0,
-                Self::key_row(tile, i),
-                0,
-                tile.head_k as i32,
-                tile.batch as i32,
-            ], self.leader)
-        };
-        self.v_state.advance();
+        Self::load_kv(self.tma_v, &self.v, &mut self.v_state, tile, i, self.leader);
+    }
+
+    #[inline(always)]
+    fn load_kv(
+        map: TensorMap,
+        ring: &TmaPipeline<STAGES>,
+        st: &mut PipelineState<STAGES>,
+        tile: &Tile,
+        i: u32,
+        leader: bool,
+    ) {
+        ring.producer_acquire(*st, leader);
+        let coords = [0, Self::key_row(tile, i), 0, tile.head_k as i32, tile.batch as i32];
+        // SAFETY: the slot holds one box; its full barrier expects the bytes.
+        unsafe { map.load_5d(ring.slot(st.index), ring.full(st.index), coords, leader) };
+        st.advance();
     }
 
     /// All loads of one tile, in consumption order (the warp-specialized producer).
