@@ -150,9 +150,70 @@ pub mod fa2 {
     }
 }
 
-/// Query index `i` (0-based) may attend key `j` iff `j <= i + causal_offset`
-/// (bottom-right alignment, as in FlashAttention 2.1+).
-#[inline(always)]
-pub const fn causal_offset(seqlen_q: u32, seqlen_k: u32) -> i64 {
-    seqlen_k as i64 - seqlen_q as i64
+impl FwdParams {
+    /// With a causal mask, query `i` (0-based) may attend key `j` iff `j <= i + offset`
+    /// (bottom-right alignment, as in FlashAttention 2.1+); `None` without a mask.
+    #[inline(always)]
+    pub fn causal_offset(&self) -> Option<i32> {
+        if self.causal != 0 { Some(self.seqlen_k as i32 - self.seqlen_q as i32) } else { None }
+    }
+
+    /// The K/V head that query head `head` reads (GQA/MQA). The host guarantees
+    /// `kv_group > 0`; the checked division keeps panics out of the kernels.
+    #[inline(always)]
+    pub fn kv_head(&self, head: u32) -> u32 {
+        head.checked_div(self.kv_group).unwrap_or(0)
+    }
+
+    /// Key blocks of `block_n` keys that any row of query block `m_block` (of `block_m`
+    /// rows) can see: all of them, or under a causal mask those up to the last row's
+    /// diagonal (none if even that row sees no key).
+    #[inline(always)]
+    pub fn n_blocks(&self, m_block: u32, block_m: u32, block_n: u32) -> u32 {
+        let total = self.seqlen_k.div_ceil(block_n);
+        match self.causal_offset() {
+            None => total,
+            Some(off) => {
+                let last_key = (m_block * block_m + block_m - 1) as i32 + off;
+                if last_key < 0 { 0 } else { total.min(last_key as u32 / block_n + 1) }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(seqlen_q: u32, seqlen_k: u32, causal: bool) -> FwdParams {
+        FwdParams { seqlen_q, seqlen_k, causal: causal as u32, kv_group: 4, ..Default::default() }
+    }
+
+    #[test]
+    fn non_causal_tiles_visit_every_key_block() {
+        assert_eq!(params(1000, 300, false).n_blocks(7, 128, 128), 3);
+        assert_eq!(params(1, 1, false).n_blocks(0, 128, 80), 1);
+    }
+
+    #[test]
+    fn causal_tiles_stop_at_the_bottom_right_diagonal() {
+        let p = params(1000, 1000, true);
+        assert_eq!(p.causal_offset(), Some(0));
+        // Rows 0..127 see keys 0..127: one 128-key block; rows 128..255: two.
+        assert_eq!(p.n_blocks(0, 128, 128), 1);
+        assert_eq!(p.n_blocks(1, 128, 128), 2);
+        // seqlen_q > seqlen_k: the first 700 rows see no key at all.
+        let p = params(1000, 300, true);
+        assert_eq!(p.causal_offset(), Some(-700));
+        assert_eq!(p.n_blocks(4, 128, 128), 0, "rows 512..639 see nothing");
+        assert_eq!(p.n_blocks(5, 128, 128), 1, "row 767 sees keys 0..67");
+        assert_eq!(p.n_blocks(7, 128, 128), 3, "never past the last key block");
+    }
+
+    #[test]
+    fn query_heads_share_kv_heads_in_groups() {
+        let p = params(1, 1, false);
+        assert_eq!((p.kv_head(0), p.kv_head(3), p.kv_head(4), p.kv_head(11)), (0, 0, 1, 2));
+        assert_eq!(FwdParams::default().kv_head(5), 0, "an empty group never divides by zero");
+    }
 }

@@ -122,7 +122,7 @@ pub fn apply_mask<const NT: usize>(
             let row = row_g + 8 * (e as i32 / 2);
             let col = col_2t + 8 * j as i32 + (e as i32 % 2);
             let limit = match causal_offset {
-                Some(off) => min_i32(seqlen_k, row + off + 1),
+                Some(off) => seqlen_k.min(row + off + 1),
                 None => seqlen_k,
             };
             if col >= limit {
@@ -130,9 +130,4 @@ pub fn apply_mask<const NT: usize>(
             }
         }
     }
-}
-
-#[inline(always)]
-fn min_i32(a: i32, b: i32) -> i32 {
-    if a < b { a } else { b }
 }

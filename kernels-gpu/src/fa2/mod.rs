@@ -29,19 +29,10 @@ pub unsafe fn fwd<E: Element, const D: u32, const DT: usize, const DK: usize>(p:
     let m_block = sreg::grid_dim_x() - 1 - sreg::block_idx_x();
     let head = sreg::block_idx_y();
     let batch = sreg::block_idx_z();
-    let head_k = head.checked_div(p.kv_group).unwrap_or(0);
+    let head_k = p.kv_head(head);
     let m0 = m_block * BLOCK_M;
-
-    let causal_offset = if p.causal != 0 { Some(p.seqlen_k as i32 - p.seqlen_q as i32) } else { None };
-    let n_blocks_total = p.seqlen_k.div_ceil(BLOCK_N) as i32;
-    let n_blocks = match causal_offset {
-        // Last key any row of this block may see: (m0 + BLOCK_M - 1) + offset.
-        Some(off) => {
-            let last_key = (m0 + BLOCK_M - 1) as i32 + off;
-            if last_key < 0 { 0 } else { min(n_blocks_total, last_key / BLOCK_N as i32 + 1) }
-        }
-        None => n_blocks_total,
-    };
+    let causal_offset = p.causal_offset();
+    let n_blocks = p.n_blocks(m_block, BLOCK_M, BLOCK_N) as i32;
 
     let base = smem::dynamic_smem_base();
     let q_s = base;
@@ -134,9 +125,4 @@ pub unsafe fn fwd<E: Element, const D: u32, const DT: usize, const DK: usize>(p:
             }
         }
     }
-}
-
-#[inline(always)]
-fn min(a: i32, b: i32) -> i32 {
-    if a < b { a } else { b }
 }

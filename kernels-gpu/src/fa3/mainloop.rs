@@ -215,7 +215,7 @@ where
         row_g: (wg_row0 + (thread_in_wg / 32) * 16 + lane / 4) as i32,
         col_2t: 2 * (lane % 4) as i32,
         seqlen_k: p.seqlen_k as i32,
-        causal: if p.causal != 0 { Some(p.seqlen_k as i32 - p.seqlen_q as i32) } else { None },
+        causal: p.causal_offset(),
         scale_log2: p.scale_log2,
     };
 

@@ -50,26 +50,9 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileIter<BLOCK_M, BLOCK_N> {
         Some(Tile {
             m_block,
             head,
-            head_k: head.checked_div(p.kv_group).unwrap_or(0),
+            head_k: p.kv_head(head),
             batch: hb.checked_div(p.heads_q).unwrap_or(0),
-            n_blocks: n_blocks::<BLOCK_M, BLOCK_N>(p, m_block),
+            n_blocks: p.n_blocks(m_block, BLOCK_M, BLOCK_N),
         })
-    }
-}
-
-/// Key blocks any row of query block `m_block` can see: all of them, or with a causal
-/// mask those up to the last row's diagonal (none if even that row sees no key).
-#[inline(always)]
-pub fn n_blocks<const BLOCK_M: u32, const BLOCK_N: u32>(p: &FwdParams, m_block: u32) -> u32 {
-    let total = p.seqlen_k.div_ceil(BLOCK_N);
-    if p.causal == 0 {
-        return total;
-    }
-    let last_key = (m_block * BLOCK_M + BLOCK_M - 1) as i32 + p.seqlen_k as i32 - p.seqlen_q as i32;
-    if last_key < 0 {
-        0
-    } else {
-        let n = last_key as u32 / BLOCK_N + 1;
-        if n < total { n } else { total }
     }
 }
