@@ -47,8 +47,12 @@ for step in "$@"; do
     sanitize)
       for tool in memcheck racecheck synccheck; do
         for d in 64 128 256; do
-          r=$(timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random 1x200x2x$d --causal --dtype f16 --algo "$ALGO" 2>&1 | grep -E "ERROR SUMMARY|error" | tail -1)
-          echo "$tool d=$d: ${r:-no summary (rc $?)}"
+          # 1x200x2: one tile per CTA; 1x256x70: 140 causal tiles > 132 SMs, so CTAs claim
+          # tiles from the counter (dynamic persistent schedule).
+          for shape in 1x200x2x$d 1x256x70x$d; do
+            r=$(timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random $shape --causal --dtype f16 --algo "$ALGO" 2>&1 | grep -E "ERROR SUMMARY|error" | tail -1)
+            echo "$tool $shape: ${r:-no summary (rc $?)}"
+          done
         done
       done | tee "$OUT/sanitize.log" ;;
     *) echo "unknown step $step"; status=1 ;;

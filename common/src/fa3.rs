@@ -77,6 +77,8 @@ pub struct SmemLayout {
     /// Bytes of one K (or V) stage.
     pub kv_stage_bytes: u32,
     pub barriers: u32,
+    /// The tile handoff from the producer to the consumers: its barriers, then its slots.
+    pub tile_handoff: u32,
     /// Bytes to request at launch (includes 1024 B of alignment slack).
     pub total: u32,
 }
@@ -95,15 +97,22 @@ pub const fn num_barriers(stages: u32) -> u32 {
     2 + 4 * stages
 }
 
+/// Slots of the producer-to-consumer tile handoff: the producer may publish the next
+/// tile while the consumers still read the current one.
+pub const TILE_HANDOFF_STAGES: u32 = 2;
+/// Its full/empty barriers (8 B each) and 4-byte slots, rounded to 8 B.
+pub const TILE_HANDOFF_BYTES: u32 = 16 * TILE_HANDOFF_STAGES + 8 * TILE_HANDOFF_STAGES.div_ceil(2);
+
 pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
     let q_bytes = BLOCK_M * cfg.hdim * 2;
     let kv_stage_bytes = cfg.block_n * cfg.hdim * 2;
     let k = q_bytes;
     let v = k + cfg.stages * kv_stage_bytes;
     let kv_end = v + cfg.stages * kv_stage_bytes;
-    let tail = 8 * num_barriers(cfg.stages) + 1024;
+    let tail = 8 * num_barriers(cfg.stages) + TILE_HANDOFF_BYTES + 1024;
     let (o, barriers) = if kv_end + q_bytes + tail <= MAX_SMEM { (kv_end, kv_end + q_bytes) } else { (0, kv_end) };
-    SmemLayout { q: 0, k, v, o, kv_stage_bytes, barriers, total: barriers + tail }
+    let tile_handoff = barriers + 8 * num_barriers(cfg.stages);
+    SmemLayout { q: 0, k, v, o, kv_stage_bytes, barriers, tile_handoff, total: barriers + tail }
 }
 
 macro_rules! fa3_entries {

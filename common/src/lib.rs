@@ -134,6 +134,9 @@ pub struct FwdParams {
     pub softmax_scale: f32,
     /// Non-zero: causal, aligned to the bottom-right corner of the score matrix.
     pub causal: u32,
+    /// FA3: device address of a zeroed u32 from which CTAs claim tiles in order (a
+    /// dynamic persistent schedule); 0: each CTA takes every grid-th tile.
+    pub tile_counter: u64,
 }
 
 /// Tile shape of the FA2 (`mma.sync`) kernel: query rows per CTA, keys per inner step,

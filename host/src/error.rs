@@ -61,6 +61,8 @@ pub enum AttnError {
     NoKernel { algo: common::Algo, hdim: usize, dtype: DType },
     /// `softmax_scale` is NaN or infinite.
     InvalidScale(f32),
+    /// The options ask for something the chosen kernel cannot do.
+    Unsupported(String),
     /// Host data does not match a declared shape.
     HostData(String),
 }
@@ -108,6 +110,7 @@ impl fmt::Display for AttnError {
                 write!(f, "no {algo:?} kernel for head dim {hdim} and {}", dtype.name())
             }
             InvalidScale(s) => write!(f, "softmax_scale must be finite, got {s}"),
+            Unsupported(m) => write!(f, "unsupported option: {m}"),
             HostData(m) => write!(f, "host data: {m}"),
         }
     }

@@ -23,14 +23,19 @@ pub struct AttnOptions {
 /// Grid of the FA3 kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Schedule {
-    /// Persistent without a causal mask; one tile per CTA with one (its tiles differ in
-    /// cost, and the hardware's dynamic block scheduling balances them better than the
-    /// static persistent order: measured 0.6x vs 1.0x at hdim 128, seqlen 16k).
+    /// Persistent with the static order without a causal mask (every tile costs the
+    /// same); with one, persistent with the dynamic order (tiles differ in cost), or one
+    /// tile per CTA for the kernel without warp specialization (which has no producer to
+    /// claim tiles).
     #[default]
     Auto,
-    /// One CTA per SM, each looping over tiles; a tile's loads overlap the previous
-    /// tile's epilogue.
+    /// One CTA per SM, each taking every grid-th tile; a tile's loads overlap the
+    /// previous tile's epilogue.
     Persistent,
+    /// One CTA per SM; each CTA's producer claims the next tile from a counter in
+    /// global memory when it is ready for one (a zeroed 4-byte buffer is allocated on
+    /// the stream for each call). Needs warp specialization.
+    PersistentDynamic,
     /// One CTA per tile, scheduled by the hardware.
     TilePerCta,
 }
@@ -75,6 +80,8 @@ pub struct FwdPlan {
     pub smem_bytes: u32,
     /// TMA maps of q, k, v, o (FA3 kernels).
     pub tma: Option<[TensorMapSpec; 4]>,
+    /// The launch needs a zeroed u32 tile counter in `params.tile_counter`.
+    pub tile_counter: bool,
 }
 
 /// Dynamic shared memory of a kernel.
@@ -213,20 +220,33 @@ pub fn plan_forward(
         scale_log2: scale * std::f32::consts::LOG2_E,
         softmax_scale: scale,
         causal: opts.causal as u32,
+        tile_counter: 0,
     };
-    let grid = match algo {
-        Algo::Fa2 => (seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32),
-        Algo::Fa3(_) => {
+    let (grid, tile_counter) = match algo {
+        Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), false),
+        Algo::Fa3(t) => {
             let tiles = seqlen_q.div_ceil(fa3::BLOCK_M as usize) * heads_q * batch;
             if tiles > i32::MAX as usize {
                 return Err(AttnError::TooLarge(format!("{tiles} tiles of {} query rows", fa3::BLOCK_M)));
             }
-            let ctas = match opts.schedule {
-                Schedule::Auto if opts.causal => tiles,
-                Schedule::Auto | Schedule::Persistent => tiles.min(sm_count.max(1) as usize),
-                Schedule::TilePerCta => tiles,
+            let schedule = match opts.schedule {
+                Schedule::Auto if !opts.causal => Schedule::Persistent,
+                Schedule::Auto if t.warp_specialized => Schedule::PersistentDynamic,
+                Schedule::Auto => Schedule::TilePerCta,
+                Schedule::PersistentDynamic if !t.warp_specialized => {
+                    return Err(AttnError::Unsupported(
+                        "the dynamic persistent schedule needs a warp-specialized kernel (a producer claims the tiles)".into(),
+                    ));
+                }
+                s => s,
             };
-            (ctas as u32, 1, 1)
+            let persistent = tiles.min(sm_count.max(1) as usize) as u32;
+            match schedule {
+                Schedule::TilePerCta => ((tiles as u32, 1, 1), false),
+                // Dynamic only pays off with more tiles than CTAs.
+                Schedule::PersistentDynamic => ((persistent, 1, 1), tiles > persistent as usize),
+                _ => ((persistent, 1, 1), false),
+            }
         }
     };
     let tma = match algo {
@@ -245,5 +265,5 @@ pub fn plan_forward(
             Some(maps)
         }
     };
-    Ok(FwdPlan { kernel, params, grid, block: block_threads(kernel), smem_bytes: smem_bytes(kernel), tma })
+    Ok(FwdPlan { kernel, params, grid, block: block_threads(kernel), smem_bytes: smem_bytes(kernel), tma, tile_counter })
 }

@@ -7,7 +7,7 @@
 //! `FA3_REQUIRE_GPU=1` turns that into a failure (for runs that must not skip).
 use flash_attn3::check::check;
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, rng};
-use flash_attn3::{Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Techniques, flash_attn_func_into};
+use flash_attn3::{Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 
@@ -33,6 +33,9 @@ struct Case {
     hk: usize,
     causal: bool,
     storage: Storage,
+    /// Not `Auto`: the case also checks that the output is bit-identical to one tile per
+    /// CTA (a tile's result must not depend on which CTA computed it, or when).
+    schedule: Schedule,
 }
 
 impl Case {
@@ -45,7 +48,7 @@ impl Case {
             Algo::Fa3(_) => "fa3nows",
         };
         format!(
-            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}",
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}",
             algo,
             self.dtype.name(),
             self.d,
@@ -55,7 +58,13 @@ impl Case {
             self.hq,
             self.hk,
             if self.causal { "causal" } else { "full" },
-            if self.storage == Storage::Strided { "_strided" } else { "" }
+            if self.storage == Storage::Strided { "_strided" } else { "" },
+            match self.schedule {
+                Schedule::Auto => "",
+                Schedule::Persistent => "_persistent",
+                Schedule::PersistentDynamic => "_dynamic",
+                Schedule::TilePerCta => "_tilepercta",
+            }
         )
         .to_lowercase()
     }
@@ -67,7 +76,19 @@ fn cases() -> Vec<Case> {
         for dtype in DType::ALL {
             for d in [64, 128, 256] {
                 for causal in [false, true] {
-                    let base = Case { algo, dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, storage: Storage::Packed };
+                    let base = Case {
+                        algo,
+                        dtype,
+                        d,
+                        b: 2,
+                        sq: 1,
+                        sk: 1,
+                        hq: 3,
+                        hk: 3,
+                        causal,
+                        storage: Storage::Packed,
+                        schedule: Schedule::Auto,
+                    };
                     for s in [1, 17, 1000] {
                         v.push(Case { sq: s, sk: s, ..base.clone() });
                     }
@@ -80,21 +101,25 @@ fn cases() -> Vec<Case> {
             }
         }
     }
-    // More tiles than SMs: the persistent grid loops over several tiles per CTA.
+    // More tiles than SMs: the persistent grids loop over several tiles per CTA (in the
+    // static or the claimed order), and every schedule gives the same bits.
     for d in [64, 128, 256] {
         for causal in [false, true] {
-            v.push(Case {
-                algo: Algo::Fa3(Techniques::FULL),
-                dtype: DType::BF16,
-                d,
-                b: 3,
-                sq: 1500,
-                sk: 1300,
-                hq: 8,
-                hk: 4,
-                causal,
-                storage: Storage::Packed,
-            });
+            for schedule in [Schedule::Auto, Schedule::Persistent, Schedule::PersistentDynamic, Schedule::TilePerCta] {
+                v.push(Case {
+                    algo: Algo::Fa3(Techniques::FULL),
+                    dtype: DType::BF16,
+                    d,
+                    b: 3,
+                    sq: 1500,
+                    sk: 1300,
+                    hq: 8,
+                    hk: 4,
+                    causal,
+                    storage: Storage::Packed,
+                    schedule,
+                });
+            }
         }
     }
     // The FA3 ablation kernels (hdim 128, fp16) compute the same function.
@@ -111,6 +136,7 @@ fn cases() -> Vec<Case> {
                 hk: 3,
                 causal,
                 storage: Storage::Packed,
+                schedule: Schedule::Auto,
             };
             v.push(Case { sq: 17, sk: 17, ..base.clone() });
             v.push(Case { sq: 1000, sk: 1000, ..base.clone() });
@@ -141,7 +167,7 @@ struct Outputs {
     lse: cudarc::driver::CudaSlice<f32>,
 }
 
-fn run_once(gpu: &Gpu, c: &Case, p: &Problem<'_>, inputs: &[DeviceTensor; 3]) -> Result<Outputs, Failed> {
+fn run_once(gpu: &Gpu, c: &Case, p: &Problem<'_>, inputs: &[DeviceTensor; 3], schedule: Schedule) -> Result<Outputs, Failed> {
     let stream = gpu.new_stream()?;
     let (out_layout, out_len) = match c.storage {
         Storage::Packed => (Layout::contiguous(p.q.shape), p.q.data.len()),
@@ -152,7 +178,7 @@ fn run_once(gpu: &Gpu, c: &Case, p: &Problem<'_>, inputs: &[DeviceTensor; 3]) ->
     let mut o = DeviceTensor::from_f32_strided(&stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
     let lse_len = c.b * c.hq * c.sq;
     let mut lse = stream.clone_htod(&vec![f32::NAN; lse_len + 7])?;
-    let opts = AttnOptions::default().causal(c.causal).algo(c.algo);
+    let opts = AttnOptions::default().causal(c.causal).algo(c.algo).schedule(schedule);
     let [q, k, v] = inputs;
     flash_attn_func_into(gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
     stream.synchronize()?;
@@ -181,8 +207,8 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     };
     let before: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
 
-    let first = run_once(gpu, c, &p, &inputs)?;
-    let second = run_once(gpu, c, &p, &inputs)?;
+    let first = run_once(gpu, c, &p, &inputs, c.schedule)?;
+    let second = run_once(gpu, c, &p, &inputs, c.schedule)?;
 
     let lse_len = c.b * c.hq * c.sq;
     let o = first.o.to_f32(&stream)?;
@@ -206,6 +232,12 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     if bits(&o) != bits(&second.o.to_f32(&stream)?) || bits(&got.lse) != bits(&stream.clone_dtoh(&second.lse)?[..lse_len])
     {
         return Err(format!("seed {seed}: two launches on the same inputs differ").into());
+    }
+    if c.schedule != Schedule::Auto {
+        let per_tile = run_once(gpu, c, &p, &inputs, Schedule::TilePerCta)?;
+        if bits(&o) != bits(&per_tile.o.to_f32(&stream)?) {
+            return Err(format!("seed {seed}: {:?} and one tile per CTA give different bits", c.schedule).into());
+        }
     }
     // Inputs are never modified.
     let after: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();

@@ -68,11 +68,41 @@ fn persistent_grid_is_capped_at_the_sm_count() {
     assert_eq!(c.plan().unwrap().grid, (132, 1, 1));
     c.opts = c.opts.schedule(Schedule::TilePerCta);
     assert_eq!(c.plan().unwrap().grid, (32 * 8 * 2, 1, 1));
-    // Causal tiles differ in cost: by default the hardware schedules one per CTA.
+    assert!(!c.plan().unwrap().tile_counter, "the static orders need no counter");
+    c.opts = AttnOptions::default().schedule(Schedule::Persistent);
+    assert!(!c.plan().unwrap().tile_counter);
+    // Causal tiles differ in cost: by default CTAs claim them from a counter.
     c.opts = AttnOptions::default().causal(true);
-    assert_eq!(c.plan().unwrap().grid, (32 * 8 * 2, 1, 1));
+    let plan = c.plan().unwrap();
+    assert_eq!(plan.grid, (132, 1, 1));
+    assert!(plan.tile_counter);
     c.opts = c.opts.schedule(Schedule::Persistent);
     assert_eq!(c.plan().unwrap().grid, (132, 1, 1));
+    assert!(!c.plan().unwrap().tile_counter);
+    c.opts = c.opts.schedule(Schedule::TilePerCta);
+    assert_eq!(c.plan().unwrap().grid, (32 * 8 * 2, 1, 1));
+}
+
+#[test]
+fn dynamic_schedule_needs_no_counter_when_every_tile_has_its_own_cta() {
+    let mut c = Call::good();
+    c.opts = AttnOptions::default().causal(true).schedule(Schedule::PersistentDynamic);
+    let plan = c.plan().unwrap();
+    assert!(plan.grid.0 < 132, "this call has fewer tiles than SMs");
+    assert!(!plan.tile_counter);
+}
+
+#[test]
+fn dynamic_schedule_needs_a_producer_warpgroup() {
+    let mut c = Call::good();
+    for t in [&mut c.q, &mut c.k, &mut c.v, &mut c.out] {
+        t.dtype = DType::F16;
+    }
+    c.opts = AttnOptions::default().causal(true).algo(Algo::Fa3(Techniques::NO_WARP_SPECIALIZATION));
+    let plan = c.plan().unwrap();
+    assert!(!plan.tile_counter, "Auto falls back to one tile per CTA");
+    c.opts = c.opts.schedule(Schedule::PersistentDynamic);
+    assert!(matches!(c.plan(), Err(AttnError::Unsupported(_))));
 }
 
 #[test]

@@ -64,12 +64,12 @@ pub struct Operands<const STAGES: u32> {
 impl<const STAGES: u32> Operands<STAGES> {
     #[inline(always)]
     fn k_desc(&self, st: PipelineState<STAGES>) -> u64 {
-        k_major_sw128(self.k.slot(st.index).0)
+        k_major_sw128(self.k.slot(st.index()).0)
     }
 
     #[inline(always)]
     fn v_desc<const BLOCK_N: u32>(&self, st: PipelineState<STAGES>) -> u64 {
-        mn_major_sw128(self.v.slot(st.index).0, BLOCK_N)
+        mn_major_sw128(self.v.slot(st.index()).0, BLOCK_N)
     }
 }
 

@@ -5,7 +5,8 @@
 //! - [`mainloop`]: two consumer warpgroups (`setmaxnreg.inc`), 64 query rows each: SS WGMMA
 //!   for QK^T, online softmax, RS WGMMA for PV, intra-warpgroup overlap and pingpong;
 //! - [`epilogue`]: O through shared memory and a TMA store, LSE;
-//! - [`scheduler`]: tile order (persistent or one tile per CTA) and the key blocks a tile
+//! - [`scheduler`]: tile order (one tile per CTA, or persistent with a static or a dynamic
+//!   order, the producer handing each tile to the consumers) and the key blocks a tile
 //!   visits (causal blocks past the diagonal are never loaded nor computed);
 //! - [`pipeline`]: the stage/phase ring of mbarriers.
 pub mod epilogue;
@@ -22,12 +23,12 @@ use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::{barrier, regs, sreg};
 use crate::softmax::Frag;
-use common::fa3::{BLOCK_M, CONSUMER_REGS, CONSUMER_WGS, PRODUCER_REGS, SmemLayout, TileConfig, smem_layout};
+use common::fa3::{BLOCK_M, CONSUMER_REGS, CONSUMER_WGS, PRODUCER_REGS, SmemLayout, TILE_HANDOFF_STAGES, TileConfig, smem_layout};
 use common::{FwdParams, gmma::k_major_sw128};
 use mainloop::{Operands, PingPong};
-use pipeline::{PipelineState, TmaPipeline};
+use pipeline::{CountState, PipelineState, TmaPipeline};
 use producer::Loader;
-use scheduler::TileIter;
+use scheduler::{HandoffTiles, StaticTiles, TileClaims, TileHandoff, TileOrder, TileSource};
 
 /// The kernel body. `tma`: generic address of the descriptor block (q, k, v, o maps,
 /// 128 B each). `SN = BLOCK_N/8`, `ON = D/8`, `PK = BLOCK_N/16` size the register tiles.
@@ -64,10 +65,18 @@ pub unsafe fn fwd<
         stage_bytes: layout.kv_stage_bytes,
         barriers: bars.add(16 + kv_barriers),
     };
+    let handoff = TileHandoff {
+        ring: TmaPipeline::<TILE_HANDOFF_STAGES> {
+            data: base.add(layout.tile_handoff + 16 * TILE_HANDOFF_STAGES),
+            stage_bytes: 4,
+            barriers: base.add(layout.tile_handoff),
+        },
+    };
     if tid == 0 {
         q.init(128 * CONSUMER_WGS);
         k.init(128 * CONSUMER_WGS);
         v.init(128 * CONSUMER_WGS);
+        handoff.init(128 * CONSUMER_WGS);
         mbarrier::fence_init();
     }
     barrier::sync_threads();
@@ -94,28 +103,41 @@ pub unsafe fn fwd<
     };
     let wg = tid / 128;
     let thread_in_wg = tid % 128;
-    let mut tiles = TileIter::<BLOCK_M, BLOCK_N>::new(&p);
+    let order = TileOrder::<BLOCK_M, BLOCK_N>::new(&p);
     if WS {
         if wg == 0 {
             regs::dealloc::<PRODUCER_REGS>();
             if tid == 0 {
                 loader.prefetch_descriptors();
-                while let Some(tile) = tiles.next(&p) {
+                // The producer claims each tile (dynamically when the host gave a
+                // counter), hands its number to the consumers, then loads it.
+                let mut claims = TileClaims::new(&p);
+                let mut st = CountState::new();
+                loop {
+                    let t = claims.current();
+                    handoff.publish(&mut st, t);
+                    if t >= order.total {
+                        break;
+                    }
+                    let tile = order.tile(t, &p);
                     loader.load_tile(&tile, tile.m_block * BLOCK_M);
+                    claims.advance();
                 }
             }
         } else {
             regs::alloc::<CONSUMER_REGS>();
+            let mut tiles = HandoffTiles { order, handoff, state: PipelineState::new() };
             consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg - 1, thread_in_wg, &mut loader, false);
         }
     } else {
         // No producer warpgroup: the consumers load each tile's Q and first stages and
         // refill the rings from inside the mainloop. Thread 0 issues; every consumer thread
         // runs the same code and waits along, so no branch diverges next to the wgmma
-        // (ptxas would serialize them).
+        // (ptxas would serialize them). Every thread follows the static tile order.
         if tid == 0 {
             loader.prefetch_descriptors();
         }
+        let mut tiles = StaticTiles::new(order);
         consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg, thread_in_wg, &mut loader, true);
     }
 }
@@ -138,7 +160,7 @@ impl<const D: u32, const BLOCK_N: u32, const STAGES: u32> Consumer<D, BLOCK_N, S
     fn run<E: Element, const SN: usize, const ON: usize, const PK: usize, const PINGPONG: bool, const OVERLAP: bool>(
         &self,
         p: &FwdParams,
-        tiles: &mut TileIter<BLOCK_M, BLOCK_N>,
+        tiles: &mut impl TileSource<BLOCK_M, BLOCK_N>,
         cw: u32,
         thread_in_wg: u32,
         loader: &mut Loader<STAGES, BLOCK_N>,
@@ -149,7 +171,7 @@ impl<const D: u32, const BLOCK_N: u32, const STAGES: u32> Consumer<D, BLOCK_N, S
     {
         let ops = Operands { q_desc: k_major_sw128(self.q.slot(0).add(cw * 64 * 128).0), k: self.k, v: self.v };
         let (mut qst, mut kst, mut vst) = (PipelineState::<1>::new(), PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
-        while let Some(tile) = tiles.next(p) {
+        while let Some(tile) = tiles.next_tile(p) {
             // Per-tile addresses are recomputed each tile rather than hoisted out of the
             // tile loop, where they would pin dozens of registers.
             let ops = Operands { q_desc: opaque_u64(ops.q_desc), ..ops };

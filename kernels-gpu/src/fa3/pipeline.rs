@@ -7,23 +7,63 @@ use crate::ptx::smem::SmemAddr;
 /// Position in the ring: the stage, and the parity of the phase to wait for there.
 #[derive(Clone, Copy)]
 pub struct PipelineState<const STAGES: u32> {
-    pub index: u32,
-    pub phase: u32,
+    idx: u32,
+    ph: u32,
 }
 
 impl<const STAGES: u32> PipelineState<STAGES> {
     #[inline(always)]
     pub fn new() -> Self {
-        PipelineState { index: 0, phase: 0 }
+        PipelineState { idx: 0, ph: 0 }
+    }
+
+    #[inline(always)]
+    pub fn index(self) -> u32 {
+        self.idx
+    }
+
+    #[inline(always)]
+    pub fn phase(self) -> u32 {
+        self.ph
     }
 
     #[inline(always)]
     pub fn advance(&mut self) {
-        self.index += 1;
-        if self.index == STAGES {
-            self.index = 0;
-            self.phase ^= 1;
+        self.idx += 1;
+        if self.idx == STAGES {
+            self.idx = 0;
+            self.ph ^= 1;
         }
+    }
+}
+
+/// [`PipelineState`] in one register (the slot count), for the producer thread, which
+/// runs on 24 registers. Kept apart from [`PipelineState`]: the consumers' code with this
+/// form made ptxas serialize the wgmma of the kernel without warp specialization.
+#[derive(Clone, Copy)]
+pub struct CountState<const STAGES: u32> {
+    count: u32,
+}
+
+impl<const STAGES: u32> CountState<STAGES> {
+    #[inline(always)]
+    pub fn new() -> Self {
+        CountState { count: 0 }
+    }
+
+    #[inline(always)]
+    pub fn index(self) -> u32 {
+        self.count % STAGES
+    }
+
+    #[inline(always)]
+    pub fn phase(self) -> u32 {
+        (self.count / STAGES) & 1
+    }
+
+    #[inline(always)]
+    pub fn advance(&mut self) {
+        self.count = self.count.wrapping_add(1);
     }
 }
 
@@ -74,19 +114,19 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
     /// As [`Self::producer_acquire`] for `bytes` (0: the slot is handed over without data).
     #[inline(always)]
     pub fn producer_acquire_bytes(&self, st: PipelineState<STAGES>, bytes: u32, leader: bool) {
-        self.empty(st.index).wait(st.phase ^ 1);
-        self.full(st.index).arrive_expect_tx(bytes, leader);
+        self.empty(st.index()).wait(st.phase() ^ 1);
+        self.full(st.index()).arrive_expect_tx(bytes, leader);
     }
 
     /// Consumer: waits until the slot's data landed.
     #[inline(always)]
     pub fn consumer_wait(&self, st: PipelineState<STAGES>) {
-        self.full(st.index).wait(st.phase);
+        self.full(st.index()).wait(st.phase());
     }
 
     /// Consumer: this thread is done reading the slot.
     #[inline(always)]
     pub fn consumer_release(&self, st: PipelineState<STAGES>) {
-        self.empty(st.index).arrive();
+        self.empty(st.index()).arrive();
     }
 }

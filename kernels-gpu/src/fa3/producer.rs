@@ -80,7 +80,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
         ring.producer_acquire(*st, leader);
         let coords = [0, Self::key_row(tile, i), 0, tile.head_k as i32, tile.batch as i32];
         // SAFETY: the slot holds one box; its full barrier expects the bytes.
-        unsafe { map.load_5d(ring.slot(st.index), ring.full(st.index), coords, leader) };
+        unsafe { map.load_5d(ring.slot(st.index()), ring.full(st.index()), coords, leader) };
         st.advance();
     }
 

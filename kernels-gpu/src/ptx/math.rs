@@ -49,6 +49,16 @@ pub fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
     r
 }
 
+/// Lane 0's `v`, in every lane of the warp. Also tells ptxas the value is warp-uniform
+/// (a plain shared-memory load is not, and a branch on it would count as divergent).
+#[inline(always)]
+pub fn shfl_broadcast_u32(v: u32) -> u32 {
+    let r: u32;
+    // SAFETY: all 32 lanes take part (callers keep the warp converged).
+    unsafe { asm!("shfl.sync.idx.b32 {0}, {1}, 0, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, options(nomem, nostack)) };
+    r
+}
+
 /// Packs two `f32` into `f16x2` (round to nearest even); `lo` in the low half.
 #[inline(always)]
 pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
