@@ -1,6 +1,6 @@
 //! Shapes of the FlashAttention-3 forward kernel, shared by kernel and host.
 //!
-//! One CTA computes `BLOCK_M = 64 * CONSUMER_WGS` query rows of one (batch, head):
+//! One CTA computes `block_m = 64 * consumer_wgs` query rows of one (batch, head):
 //! a producer warpgroup issues TMA loads, each consumer warpgroup owns 64 rows and runs
 //! S = QK^T (SS WGMMA), the online softmax and O += PV (RS WGMMA). K and V stream through
 //! their own `STAGES`-deep shared-memory rings.
@@ -27,13 +27,6 @@ impl Techniques {
     pub const NO_WARP_SPECIALIZATION: Self = Techniques { warp_specialized: false, ..Self::FULL };
 }
 
-/// Consumer warpgroups per CTA (64 query rows each).
-pub const CONSUMER_WGS: u32 = 2;
-pub const BLOCK_M: u32 = 64 * CONSUMER_WGS;
-/// Registers per thread after `setmaxnreg` (FA3's split for two consumer warpgroups:
-/// 128 * (24 + 2 * 240) = 64512 <= 65536).
-pub const PRODUCER_REGS: u32 = 24;
-pub const CONSUMER_REGS: u32 = 240;
 /// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
 pub const TMA_PARAM_BYTES: u32 = 4 * 128;
 
@@ -41,6 +34,8 @@ pub const TMA_PARAM_BYTES: u32 = 4 * 128;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileConfig {
     pub hdim: u32,
+    /// Consumer warpgroups per CTA, 64 query rows each.
+    pub consumer_wgs: u32,
     /// Keys per K/V tile.
     pub block_n: u32,
     /// Depth of the K and V rings.
@@ -50,18 +45,41 @@ pub struct TileConfig {
     pub pingpong: bool,
 }
 
-/// Tile shape per head dim (hdim 256 keeps FA3's 80-key tiles so that Q, two K and two V
-/// stages fit in 227 KB of shared memory).
-pub const fn tile_config(hdim: u32) -> TileConfig {
-    match hdim {
-        64 => TileConfig { hdim, block_n: 128, stages: 2, pingpong: true },
-        128 => TileConfig { hdim, block_n: 128, stages: 2, pingpong: true },
-        _ => TileConfig { hdim, block_n: 80, stages: 2, pingpong: false },
+impl TileConfig {
+    /// Query rows per CTA.
+    pub const fn block_m(&self) -> u32 {
+        64 * self.consumer_wgs
+    }
+
+    /// Registers per producer thread after `setmaxnreg.dec`.
+    pub const fn producer_regs(&self) -> u32 {
+        if self.consumer_wgs == 2 { 24 } else { 32 }
+    }
+
+    /// Registers per consumer thread after `setmaxnreg.inc` (FA3's splits: with two
+    /// consumer warpgroups 128 * (24 + 2 * 240) = 64512, with three
+    /// 128 * (32 + 3 * 160) = 65536, of the 65536 per SM).
+    pub const fn consumer_regs(&self) -> u32 {
+        if self.consumer_wgs == 2 { 240 } else { 160 }
     }
 }
 
-pub const fn threads(t: Techniques) -> u32 {
-    if t.warp_specialized { 128 * (CONSUMER_WGS + 1) } else { 128 * CONSUMER_WGS }
+/// Tile shape per head dim. hdim 64 runs three consumer warpgroups (192 query rows:
+/// its softmax costs as much as its GEMMs, and a third warpgroup hides more of it, as in
+/// FA3); hdim 256 keeps FA3's 80-key tiles so that Q, two K and two V stages fit in
+/// 227 KB of shared memory.
+pub const fn tile_config(hdim: u32) -> TileConfig {
+    match hdim {
+        64 => TileConfig { hdim, consumer_wgs: 3, block_n: 128, stages: 2, pingpong: true },
+        128 => TileConfig { hdim, consumer_wgs: 2, block_n: 128, stages: 2, pingpong: true },
+        _ => TileConfig { hdim, consumer_wgs: 2, block_n: 80, stages: 2, pingpong: false },
+    }
+}
+
+/// Threads per CTA of a kernel variant.
+pub const fn threads(t: Techniques, hdim: u32) -> u32 {
+    let wgs = tile_config(hdim).consumer_wgs;
+    if t.warp_specialized { 128 * (wgs + 1) } else { 128 * wgs }
 }
 
 /// Byte offsets in dynamic shared memory (after rounding its base up to 1024 B).
@@ -104,7 +122,7 @@ pub const TILE_HANDOFF_STAGES: u32 = 2;
 pub const TILE_HANDOFF_BYTES: u32 = 16 * TILE_HANDOFF_STAGES + 8 * TILE_HANDOFF_STAGES.div_ceil(2);
 
 pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
-    let q_bytes = BLOCK_M * cfg.hdim * 2;
+    let q_bytes = cfg.block_m() * cfg.hdim * 2;
     let kv_stage_bytes = cfg.block_n * cfg.hdim * 2;
     let k = q_bytes;
     let v = k + cfg.stages * kv_stage_bytes;
@@ -123,7 +141,7 @@ macro_rules! fa3_entries {
             hdim: $hdim,
             dtype: DType::$dtype,
             tma_param_bytes: TMA_PARAM_BYTES,
-            launch_bounds: threads(Techniques::$tech),
+            launch_bounds: threads(Techniques::$tech, $hdim),
         },)*]
     };
 }
@@ -162,8 +180,31 @@ mod tests {
 
     #[test]
     fn register_split_fits_the_register_file() {
-        assert!(128 * (PRODUCER_REGS + CONSUMER_WGS * CONSUMER_REGS) <= 65536);
-        assert_eq!(PRODUCER_REGS % 8, 0);
-        assert_eq!(CONSUMER_REGS % 8, 0);
+        for hdim in crate::HEAD_DIMS {
+            let c = tile_config(hdim);
+            let threads = threads(Techniques::FULL, hdim);
+            assert!(128 * (c.producer_regs() + c.consumer_wgs * c.consumer_regs()) <= 65536, "hdim {hdim}");
+            assert_eq!((c.producer_regs() % 8, c.consumer_regs() % 8), (0, 0));
+            // setmaxnreg moves registers within what the CTA got at launch (the `.maxntid`
+            // cap, rounded down to 8): the consumers' increase must fit in what the
+            // producer gives back, or `setmaxnreg.inc` would wait forever.
+            let at_launch = (65536 / threads) / 8 * 8;
+            assert!(c.producer_regs() <= at_launch && at_launch <= c.consumer_regs(), "hdim {hdim}");
+            assert!(
+                (at_launch - c.producer_regs()) * 128 >= (c.consumer_regs() - at_launch) * 128 * c.consumer_wgs,
+                "hdim {hdim}"
+            );
+        }
+    }
+
+    #[test]
+    fn tma_boxes_and_tiles_fit_hardware_limits() {
+        for hdim in crate::HEAD_DIMS {
+            let c = tile_config(hdim);
+            // A TMA box dimension is at most 256 elements; WGMMA N is a multiple of 8 up to 256.
+            assert!(c.block_m() <= 256 && c.block_n <= 256 && c.block_n % 16 == 0, "hdim {hdim}");
+            // Named barriers: 1..=wgs for the epilogues, then wgs more for pingpong (<= 15).
+            assert!(2 * c.consumer_wgs < 16);
+        }
     }
 }

@@ -96,7 +96,7 @@ pub fn smem_bytes(k: &KernelEntry) -> u32 {
 pub fn block_threads(k: &KernelEntry) -> u32 {
     match k.algo {
         Algo::Fa2 => fa2::THREADS,
-        Algo::Fa3(t) => fa3::threads(t),
+        Algo::Fa3(t) => fa3::threads(t, k.hdim),
     }
 }
 
@@ -225,9 +225,10 @@ pub fn plan_forward(
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), false),
         Algo::Fa3(t) => {
-            let tiles = seqlen_q.div_ceil(fa3::BLOCK_M as usize) * heads_q * batch;
+            let block_m = fa3::tile_config(hdim as u32).block_m();
+            let tiles = seqlen_q.div_ceil(block_m as usize) * heads_q * batch;
             if tiles > i32::MAX as usize {
-                return Err(AttnError::TooLarge(format!("{tiles} tiles of {} query rows", fa3::BLOCK_M)));
+                return Err(AttnError::TooLarge(format!("{tiles} tiles of {block_m} query rows")));
             }
             let schedule = match opts.schedule {
                 Schedule::Auto if !opts.causal => Schedule::Persistent,
@@ -256,7 +257,7 @@ pub fn plan_forward(
             let chunks = hdim as u32 / 64;
             let map = |arg, t: &TensorDesc, rows, chunks| TensorMapSpec::bshd(arg, t.dtype, t.addr, &t.layout, rows, chunks);
             let maps = [
-                map(Arg::Q, q, fa3::BLOCK_M, chunks)?,
+                map(Arg::Q, q, cfg.block_m(), chunks)?,
                 map(Arg::K, k, cfg.block_n, chunks)?,
                 map(Arg::V, v, cfg.block_n, chunks)?,
                 // O leaves one 64-row, 64-column chunk per store.

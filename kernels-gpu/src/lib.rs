@@ -17,7 +17,7 @@ pub mod fa3;
 pub mod ptx;
 pub mod softmax;
 
-use common::fa3::tile_config;
+use common::fa3::{TileConfig, tile_config};
 use common::{FwdParams, TmaDescriptors};
 use element::{BF16, F16};
 
@@ -47,17 +47,31 @@ fa2_entry!(fa2_fwd_hdim256_bf16, BF16, 256);
 
 macro_rules! fa3_entry {
     ($name:ident, $elem:ty, $d:literal, ws: $ws:literal, pingpong: $pp:literal, overlap: $ov:literal) => {
-        /// FlashAttention-3 forward; grid `(ceil(seqlen_q / 128), heads_q, batch)`, 384
-        /// threads (256 without warp specialization). The TMA descriptors are read through
-        /// the parameter's address, never copied.
+        /// FlashAttention-3 forward; grid: one CTA per tile or per SM (see the host's
+        /// `Schedule`), `128 * (consumer warpgroups + 1)` threads (without warp
+        /// specialization, no producer warpgroup). The TMA descriptors are read through the
+        /// parameter's address, never copied.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(_tma: TmaDescriptors, p: FwdParams) {
             let tma = kernel_param0_address!($name);
-            const BN: u32 = tile_config($d).block_n;
-            const STAGES: u32 = tile_config($d).stages;
-            const PINGPONG: bool = $pp && tile_config($d).pingpong;
+            const CFG: TileConfig = tile_config($d);
+            const PINGPONG: bool = $pp && CFG.pingpong;
             unsafe {
-                fa3::fwd::<$elem, $d, BN, STAGES, { BN as usize / 8 }, { $d / 8 }, { BN as usize / 16 }, $ws, PINGPONG, $ov>(tma, p)
+                fa3::fwd::<
+                    $elem,
+                    $d,
+                    { CFG.block_m() },
+                    { CFG.block_n },
+                    { CFG.stages },
+                    { CFG.producer_regs() },
+                    { CFG.consumer_regs() },
+                    { CFG.block_n as usize / 8 },
+                    { $d / 8 },
+                    { CFG.block_n as usize / 16 },
+                    $ws,
+                    PINGPONG,
+                    $ov,
+                >(tma, p)
             }
         }
     };

@@ -272,3 +272,19 @@ fn no_driver_is_an_error_not_a_crash() {
     }
     assert!(matches!(flash_attn3::Gpu::new(0), Err(AttnError::NoDriver)));
 }
+
+#[test]
+fn hdim_64_tiles_have_192_query_rows() {
+    let mut c = Call::good();
+    let (q, kv) = ([2, 1000, 8, 64], [2, 500, 2, 64]);
+    c.q = packed(q, DType::BF16);
+    c.k = packed(kv, DType::BF16);
+    c.v = packed(kv, DType::BF16);
+    c.out = c.q;
+    c.lse.1 = 2 * 8 * 1000;
+    let plan = c.plan().unwrap();
+    // Three consumer warpgroups and a producer; ceil(1000 / 192) = 6 tiles per head.
+    assert_eq!(plan.block, 512);
+    assert_eq!(plan.grid, (6 * 8 * 2, 1, 1));
+    assert_eq!(plan.tma.unwrap()[0].box_dims, [64, 192, 1, 1, 1], "q arrives in 192-row boxes");
+}

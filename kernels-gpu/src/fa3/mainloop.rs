@@ -16,23 +16,30 @@ use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
 use common::FwdParams;
 use common::gmma::{k_major_sw128, mn_major_sw128};
 
-/// Named barriers 3 and 4: the warpgroups' turns to issue GEMMs.
-const PINGPONG_BARRIER: u32 = 3;
+/// Named barriers 4.. (one per consumer warpgroup, after the epilogues' 1..=3): the
+/// warpgroups' turns to issue GEMMs.
+const PINGPONG_BARRIER: u32 = 4;
 
-/// Inter-warpgroup GEMM ordering (two consumer warpgroups). Warpgroup w waits on its own
-/// barrier before issuing and arrives on the other's after; warpgroup 1 gives warpgroup 0
-/// the first turn. Warpgroup 1 skips its very last arrival so that both barriers end
-/// balanced.
+/// Inter-warpgroup GEMM ordering, round robin over the consumer warpgroups. Warpgroup w
+/// waits on its own barrier before issuing and arrives on the next one's after; the last
+/// warpgroup gives warpgroup 0 the first turn and skips its very last arrival, so that
+/// every barrier ends balanced.
 #[derive(Clone, Copy)]
 pub struct PingPong {
     pub enabled: bool,
     pub wg: u32,
+    pub wgs: u32,
 }
 
 impl PingPong {
     #[inline(always)]
+    fn is_last(self) -> bool {
+        self.wg + 1 == self.wgs
+    }
+
+    #[inline(always)]
     fn start(self, turns: u32) {
-        if self.enabled && self.wg == 1 && turns > 0 {
+        if self.enabled && self.is_last() && turns > 0 {
             barrier::named_arrive(PINGPONG_BARRIER, 256);
         }
     }
@@ -46,8 +53,9 @@ impl PingPong {
 
     #[inline(always)]
     fn end(self, last: bool) {
-        if self.enabled && !(self.wg == 1 && last) {
-            barrier::named_arrive(PINGPONG_BARRIER + (self.wg ^ 1), 256);
+        if self.enabled && !(self.is_last() && last) {
+            let next = if self.is_last() { 0 } else { self.wg + 1 };
+            barrier::named_arrive(PINGPONG_BARRIER + next, 256);
         }
     }
 }

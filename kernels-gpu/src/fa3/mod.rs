@@ -23,7 +23,7 @@ use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::{barrier, regs, sreg};
 use crate::softmax::Frag;
-use common::fa3::{BLOCK_M, CONSUMER_REGS, CONSUMER_WGS, PRODUCER_REGS, SmemLayout, TILE_HANDOFF_STAGES, TileConfig, smem_layout};
+use common::fa3::{SmemLayout, TILE_HANDOFF_STAGES, smem_layout, tile_config};
 use common::{FwdParams, gmma::k_major_sw128};
 use mainloop::{Operands, PingPong};
 use pipeline::{CountState, PipelineState, TmaPipeline};
@@ -31,14 +31,18 @@ use producer::Loader;
 use scheduler::{HandoffTiles, StaticTiles, TileClaims, TileHandoff, TileOrder, TileSource};
 
 /// The kernel body. `tma`: generic address of the descriptor block (q, k, v, o maps,
-/// 128 B each). `SN = BLOCK_N/8`, `ON = D/8`, `PK = BLOCK_N/16` size the register tiles.
+/// 128 B each). `BLOCK_M`, `BLOCK_N`, `STAGES` and the register split come from
+/// `tile_config(D)`; `SN = BLOCK_N/8`, `ON = D/8`, `PK = BLOCK_N/16` size the register tiles.
 /// `WS`, `PINGPONG`, `OVERLAP` switch the seed techniques (see `common::fa3::Techniques`).
 #[inline(always)]
 pub unsafe fn fwd<
     E: Element,
     const D: u32,
+    const BLOCK_M: u32,
     const BLOCK_N: u32,
     const STAGES: u32,
+    const PRODUCER_REGS: u32,
+    const CONSUMER_REGS: u32,
     const SN: usize,
     const ON: usize,
     const PK: usize,
@@ -52,8 +56,14 @@ pub unsafe fn fwd<
     [Frag; SN]: WgmmaAcc,
     [Frag; ON]: WgmmaAcc,
 {
-    const { assert!(SN as u32 * 8 == BLOCK_N && ON as u32 * 8 == D && PK as u32 * 16 == BLOCK_N && D % 64 == 0) };
-    let layout: SmemLayout = const { smem_layout(TileConfig { hdim: D, block_n: BLOCK_N, stages: STAGES, pingpong: PINGPONG }) };
+    const {
+        let c = tile_config(D);
+        assert!(c.block_m() == BLOCK_M && c.block_n == BLOCK_N && c.stages == STAGES);
+        assert!(c.producer_regs() == PRODUCER_REGS && c.consumer_regs() == CONSUMER_REGS);
+        assert!(SN as u32 * 8 == BLOCK_N && ON as u32 * 8 == D && PK as u32 * 16 == BLOCK_N && D % 64 == 0);
+    };
+    let layout: SmemLayout = const { smem_layout(tile_config(D)) };
+    let consumer_wgs = BLOCK_M / 64;
     let base = align_up(dynamic_smem_base(), 1024);
     let tid = sreg::thread_idx_x();
     let bars = base.add(layout.barriers);
@@ -73,10 +83,10 @@ pub unsafe fn fwd<
         },
     };
     if tid == 0 {
-        q.init(128 * CONSUMER_WGS);
-        k.init(128 * CONSUMER_WGS);
-        v.init(128 * CONSUMER_WGS);
-        handoff.init(128 * CONSUMER_WGS);
+        q.init(128 * consumer_wgs);
+        k.init(128 * consumer_wgs);
+        v.init(128 * consumer_wgs);
+        handoff.init(128 * consumer_wgs);
         mbarrier::fence_init();
     }
     barrier::sync_threads();
@@ -93,7 +103,7 @@ pub unsafe fn fwd<
         v_state: PipelineState::new(),
         leader: tid == 0,
     };
-    let consumer = Consumer::<D, BLOCK_N, STAGES> {
+    let consumer = Consumer::<D, BLOCK_M, BLOCK_N, STAGES> {
         tma_o: TensorMap(tma + 384),
         q,
         k,
@@ -144,7 +154,7 @@ pub unsafe fn fwd<
 
 /// What a consumer warpgroup needs besides its registers.
 #[derive(Clone, Copy)]
-struct Consumer<const D: u32, const BLOCK_N: u32, const STAGES: u32> {
+struct Consumer<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> {
     tma_o: TensorMap,
     q: TmaPipeline<1>,
     k: TmaPipeline<STAGES>,
@@ -153,7 +163,7 @@ struct Consumer<const D: u32, const BLOCK_N: u32, const STAGES: u32> {
     o_shares_q: bool,
 }
 
-impl<const D: u32, const BLOCK_N: u32, const STAGES: u32> Consumer<D, BLOCK_N, STAGES> {
+impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Consumer<D, BLOCK_M, BLOCK_N, STAGES> {
     /// Every tile of this CTA: wait for Q, mainloop, epilogue. `is_loader`: this thread
     /// issues the loads itself (no warp specialization).
     #[inline(always)]
@@ -188,7 +198,7 @@ impl<const D: u32, const BLOCK_N: u32, const STAGES: u32> Consumer<D, BLOCK_N, S
                 p,
                 &tile,
                 &ops,
-                PingPong { enabled: PINGPONG, wg: cw },
+                PingPong { enabled: PINGPONG, wg: cw, wgs: BLOCK_M / 64 },
                 cw,
                 thread_in_wg,
                 &mut kst,
