@@ -51,16 +51,26 @@ impl TileConfig {
         64 * self.consumer_wgs
     }
 
-    /// Registers per producer thread after `setmaxnreg.dec`.
-    pub const fn producer_regs(&self) -> u32 {
-        if self.consumer_wgs == 2 { 24 } else { 32 }
+    /// Registers per producer thread after `setmaxnreg.dec`, in clusters of `cluster`.
+    pub const fn producer_regs(&self, cluster: u32) -> u32 {
+        match (self.consumer_wgs, cluster) {
+            (2, 1) => 24,
+            // The multicast producer issues half-tile loads per chunk: 24 registers spill.
+            (2, _) => 40,
+            _ => 32,
+        }
     }
 
     /// Registers per consumer thread after `setmaxnreg.inc` (FA3's splits: with two
     /// consumer warpgroups 128 * (24 + 2 * 240) = 64512, with three
-    /// 128 * (32 + 3 * 160) = 65536, of the 65536 per SM).
-    pub const fn consumer_regs(&self) -> u32 {
-        if self.consumer_wgs == 2 { 240 } else { 160 }
+    /// 128 * (32 + 3 * 160) = 65536, of the 65536 per SM; the multicast kernels
+    /// 128 * (40 + 2 * 232) = 64512).
+    pub const fn consumer_regs(&self, cluster: u32) -> u32 {
+        match (self.consumer_wgs, cluster) {
+            (2, 1) => 240,
+            (2, _) => 232,
+            _ => 160,
+        }
     }
 }
 
@@ -134,7 +144,7 @@ pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
 }
 
 macro_rules! fa3_entries {
-    ($($name:literal => $hdim:literal, $dtype:ident, $tech:ident;)*) => {
+    ($($name:literal => $hdim:literal, $dtype:ident, $tech:ident, cluster $cluster:literal;)*) => {
         [$(KernelEntry {
             name: $name,
             algo: Algo::Fa3(Techniques::$tech),
@@ -142,22 +152,32 @@ macro_rules! fa3_entries {
             dtype: DType::$dtype,
             tma_param_bytes: TMA_PARAM_BYTES,
             launch_bounds: threads(Techniques::$tech, $hdim),
+            cluster: $cluster,
         },)*]
     };
 }
 
-/// The FA3 kernels: every head dim and dtype with all techniques, plus the ablation
-/// variants at hdim 128 fp16.
-pub const KERNELS: [KernelEntry; 9] = fa3_entries! {
-    "fa3_fwd_hdim64_f16" => 64, F16, FULL;
-    "fa3_fwd_hdim128_f16" => 128, F16, FULL;
-    "fa3_fwd_hdim256_f16" => 256, F16, FULL;
-    "fa3_fwd_hdim64_bf16" => 64, BF16, FULL;
-    "fa3_fwd_hdim128_bf16" => 128, BF16, FULL;
-    "fa3_fwd_hdim256_bf16" => 256, BF16, FULL;
-    "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG;
-    "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP;
-    "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION;
+/// CTAs per cluster of the multicast kernels: two CTAs on neighbouring query blocks of
+/// one head share every K/V tile, each loading half and multicasting it to both, which
+/// halves the K/V traffic from L2 (FA3 does this for hdim >= 128 without a causal mask,
+/// where both CTAs visit the same key blocks).
+pub const MULTICAST_CLUSTER: u32 = 2;
+
+/// The FA3 kernels: every head dim and dtype with all techniques, the 2-CTA multicast
+/// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
+/// multicast producer too few), plus the ablation variants at hdim 128 fp16.
+pub const KERNELS: [KernelEntry; 11] = fa3_entries! {
+    "fa3_fwd_hdim64_f16" => 64, F16, FULL, cluster 1;
+    "fa3_fwd_hdim128_f16" => 128, F16, FULL, cluster 1;
+    "fa3_fwd_hdim256_f16" => 256, F16, FULL, cluster 1;
+    "fa3_fwd_hdim64_bf16" => 64, BF16, FULL, cluster 1;
+    "fa3_fwd_hdim128_bf16" => 128, BF16, FULL, cluster 1;
+    "fa3_fwd_hdim256_bf16" => 256, BF16, FULL, cluster 1;
+    "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, cluster 2;
+    "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, cluster 2;
+    "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, cluster 1;
+    "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, cluster 1;
+    "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, cluster 1;
 };
 
 #[cfg(test)]
@@ -181,19 +201,19 @@ mod tests {
     #[test]
     fn register_split_fits_the_register_file() {
         for hdim in crate::HEAD_DIMS {
-            let c = tile_config(hdim);
-            let threads = threads(Techniques::FULL, hdim);
-            assert!(128 * (c.producer_regs() + c.consumer_wgs * c.consumer_regs()) <= 65536, "hdim {hdim}");
-            assert_eq!((c.producer_regs() % 8, c.consumer_regs() % 8), (0, 0));
-            // setmaxnreg moves registers within what the CTA got at launch (the `.maxntid`
-            // cap, rounded down to 8): the consumers' increase must fit in what the
-            // producer gives back, or `setmaxnreg.inc` would wait forever.
-            let at_launch = (65536 / threads) / 8 * 8;
-            assert!(c.producer_regs() <= at_launch && at_launch <= c.consumer_regs(), "hdim {hdim}");
-            assert!(
-                (at_launch - c.producer_regs()) * 128 >= (c.consumer_regs() - at_launch) * 128 * c.consumer_wgs,
-                "hdim {hdim}"
-            );
+            for cluster in [1, MULTICAST_CLUSTER] {
+                let c = tile_config(hdim);
+                let (producer, consumer) = (c.producer_regs(cluster), c.consumer_regs(cluster));
+                let threads = threads(Techniques::FULL, hdim);
+                assert!(128 * (producer + c.consumer_wgs * consumer) <= 65536, "hdim {hdim}");
+                assert_eq!((producer % 8, consumer % 8), (0, 0));
+                // setmaxnreg moves registers within what the CTA got at launch (the
+                // `.maxntid` cap, rounded down to 8): the consumers' increase must fit in
+                // what the producer gives back, or `setmaxnreg.inc` would wait forever.
+                let at_launch = (65536 / threads) / 8 * 8;
+                assert!(producer <= at_launch && at_launch <= consumer, "hdim {hdim}");
+                assert!((at_launch - producer) * 128 >= (consumer - at_launch) * 128 * c.consumer_wgs, "hdim {hdim}");
+            }
         }
     }
 

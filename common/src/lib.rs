@@ -51,11 +51,14 @@ pub struct KernelEntry {
     /// Threads per CTA the kernel is built for; non-zero adds `.maxntid N,1,1` and
     /// `.minnctapersm 1` to the entry, which `setmaxnreg` needs (a register cap at entry).
     pub launch_bounds: u32,
+    /// CTAs per cluster (1: no cluster); above 1 the PTX builder adds
+    /// `.reqnctapercluster N, 1, 1` and the grid must be a multiple of it.
+    pub cluster: u32,
 }
 
 macro_rules! fa2_entries {
     ($($name:literal => $hdim:literal, $dtype:ident;)*) => {
-        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0, launch_bounds: 0 },)*]
+        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0, launch_bounds: 0, cluster: 1 },)*]
     };
 }
 
@@ -70,23 +73,23 @@ const FA2_KERNELS: [KernelEntry; 6] = fa2_entries! {
 
 /// Every kernel the PTX module exports. The kernel crate defines exactly these
 /// (the PTX builder checks both directions).
-pub const KERNELS: [KernelEntry; 15] = {
-    let mut all = [FA2_KERNELS[0]; 15];
+pub const KERNELS: [KernelEntry; 6 + fa3::KERNELS.len()] = {
+    let mut all = [FA2_KERNELS[0]; 6 + fa3::KERNELS.len()];
     let mut i = 0;
     while i < 6 {
         all[i] = FA2_KERNELS[i];
         i += 1;
     }
-    while i < 15 {
+    while i < all.len() {
         all[i] = fa3::KERNELS[i - 6];
         i += 1;
     }
     all
 };
 
-/// Looks up the kernel for a configuration.
-pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType) -> Option<&'static KernelEntry> {
-    KERNELS.iter().find(|k| k.algo == algo && k.hdim == hdim && k.dtype == dtype)
+/// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none).
+pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32) -> Option<&'static KernelEntry> {
+    KERNELS.iter().find(|k| k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster)
 }
 
 /// Strides, in elements, of a `[batch, seqlen, heads, hdim]` tensor whose last

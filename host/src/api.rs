@@ -92,10 +92,14 @@ pub fn flash_attn_func_into(
 
 fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
     let k = plan.kernel;
-    let f = gpu
-        .function(k.algo, k.hdim, k.dtype)
-        .ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", k.name)))?;
-    let cfg = LaunchConfig { grid_dim: plan.grid, block_dim: (plan.block, 1, 1), shared_mem_bytes: plan.smem_bytes };
+    let (f, resident) = gpu.function(k).ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", k.name)))?;
+    let mut grid = plan.grid;
+    if let Some(r) = resident {
+        // Persistent cluster grids: at most what runs at once, in whole clusters (the
+        // kernel loops over any number of tiles per cluster).
+        grid.0 = grid.0.min(r.max(k.cluster)) / k.cluster * k.cluster;
+    }
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (plan.block, 1, 1), shared_mem_bytes: plan.smem_bytes };
     // Stream-ordered: allocated and zeroed before the launch, freed after it.
     let counter = if plan.tile_counter { Some(stream.alloc_zeros::<u32>(1)?) } else { None };
     let mut params = plan.params;

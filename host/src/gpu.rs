@@ -1,8 +1,8 @@
 //! The GPU handle: driver, context, the embedded PTX module and its kernels.
 use crate::error::{AttnError, Result};
-use common::{Algo, DType, KERNELS, KernelEntry};
+use common::{KERNELS, KernelEntry};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
 use std::sync::Arc;
 
 /// The kernels of `kernels-gpu`, built to PTX by `build.rs` and embedded here.
@@ -25,7 +25,8 @@ pub struct GpuInfo {
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     _module: Arc<CudaModule>,
-    functions: Vec<(KernelEntry, CudaFunction)>,
+    /// Each kernel, and for cluster kernels how many CTAs can run at once (whole clusters).
+    functions: Vec<(KernelEntry, CudaFunction, Option<u32>)>,
     info: GpuInfo,
 }
 
@@ -74,7 +75,19 @@ impl Gpu {
                 )));
             }
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)?;
-            functions.push((k, f));
+            // A persistent grid must not ask for more clusters than fit at once (the rest
+            // would wait for whole clusters to finish).
+            let resident = if k.cluster > 1 {
+                let cfg = LaunchConfig {
+                    grid_dim: (k.cluster * info.sm_count, 1, 1),
+                    block_dim: (crate::plan::block_threads(&k), 1, 1),
+                    shared_mem_bytes: smem,
+                };
+                Some(f.occupancy_max_active_clusters(cfg, &ctx.default_stream())? * k.cluster)
+            } else {
+                None
+            };
+            functions.push((k, f, resident));
         }
         Ok(Gpu { ctx, _module: module, functions, info })
     }
@@ -92,11 +105,9 @@ impl Gpu {
         Ok(self.ctx.new_stream()?)
     }
 
-    pub(crate) fn function(&self, algo: Algo, hdim: u32, dtype: DType) -> Option<&CudaFunction> {
-        self.functions
-            .iter()
-            .find(|(k, _)| k.algo == algo && k.hdim == hdim && k.dtype == dtype)
-            .map(|(_, f)| f)
+    /// The loaded kernel, and for a cluster kernel the most CTAs that run at once.
+    pub(crate) fn function(&self, entry: &KernelEntry) -> Option<(&CudaFunction, Option<u32>)> {
+        self.functions.iter().find(|(k, _, _)| k.name == entry.name).map(|(_, f, r)| (f, *r))
     }
 }
 

@@ -23,8 +23,8 @@ pub struct AttnOptions {
 /// Grid of the FA3 kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Schedule {
-    /// Persistent with the static order without a causal mask (every tile costs the
-    /// same); with one, persistent with the dynamic order (tiles differ in cost), or one
+    /// Without a causal mask: multicast clusters where there is a kernel for them (hdim
+    /// 128), else persistent with the static order (every tile costs the same); with one, persistent with the dynamic order (tiles differ in cost), or one
     /// tile per CTA for the kernel without warp specialization (which has no producer to
     /// claim tiles).
     #[default]
@@ -38,6 +38,11 @@ pub enum Schedule {
     PersistentDynamic,
     /// One CTA per tile, scheduled by the hardware.
     TilePerCta,
+    /// Persistent (static order) over clusters of two CTAs on neighbouring query blocks
+    /// of one head, which share each K/V tile by TMA multicast (half the L2 traffic).
+    /// Non-causal only (both CTAs must visit the same key blocks), hdim 128, all
+    /// techniques on.
+    PersistentMulticast,
 }
 
 impl AttnOptions {
@@ -200,7 +205,27 @@ pub fn plan_forward(
     }
 
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
-    let kernel = common::find_kernel(algo, hdim as u32, q.dtype).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
+    let schedule = match (opts.schedule, algo) {
+        (Schedule::Auto, Algo::Fa3(t)) if !opts.causal => {
+            let multicast = common::find_kernel(algo, hdim as u32, q.dtype, fa3::MULTICAST_CLUSTER).is_some();
+            if multicast && t == Techniques::FULL { Schedule::PersistentMulticast } else { Schedule::Persistent }
+        }
+        (Schedule::Auto, Algo::Fa3(t)) if t.warp_specialized => Schedule::PersistentDynamic,
+        (Schedule::Auto, _) => Schedule::TilePerCta,
+        (Schedule::PersistentDynamic, Algo::Fa3(t)) if !t.warp_specialized => {
+            return Err(AttnError::Unsupported(
+                "the dynamic persistent schedule needs a warp-specialized kernel (a producer claims the tiles)".into(),
+            ));
+        }
+        (Schedule::PersistentMulticast, _) if opts.causal => {
+            return Err(AttnError::Unsupported(
+                "multicast clusters need every query block to visit the same key blocks (no causal mask)".into(),
+            ));
+        }
+        (s, _) => s,
+    };
+    let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
+    let kernel = common::find_kernel(algo, hdim as u32, q.dtype, cluster).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let params = FwdParams {
         q: q.addr,
         k: k.addr,
@@ -224,29 +249,20 @@ pub fn plan_forward(
     };
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), false),
-        Algo::Fa3(t) => {
+        Algo::Fa3(_) => {
             let block_m = fa3::tile_config(hdim as u32).block_m();
-            let tiles = seqlen_q.div_ceil(block_m as usize) * heads_q * batch;
-            if tiles > i32::MAX as usize {
-                return Err(AttnError::TooLarge(format!("{tiles} tiles of {block_m} query rows")));
+            let cluster = cluster as usize;
+            // Units of work: one query block, or in a cluster one block per CTA.
+            let units = seqlen_q.div_ceil(block_m as usize).div_ceil(cluster) * heads_q * batch;
+            if units * cluster > i32::MAX as usize {
+                return Err(AttnError::TooLarge(format!("{units} tiles of {block_m} query rows")));
             }
-            let schedule = match opts.schedule {
-                Schedule::Auto if !opts.causal => Schedule::Persistent,
-                Schedule::Auto if t.warp_specialized => Schedule::PersistentDynamic,
-                Schedule::Auto => Schedule::TilePerCta,
-                Schedule::PersistentDynamic if !t.warp_specialized => {
-                    return Err(AttnError::Unsupported(
-                        "the dynamic persistent schedule needs a warp-specialized kernel (a producer claims the tiles)".into(),
-                    ));
-                }
-                s => s,
-            };
-            let persistent = tiles.min(sm_count.max(1) as usize) as u32;
+            let persistent = units.min((sm_count as usize / cluster).max(1)) * cluster;
             match schedule {
-                Schedule::TilePerCta => ((tiles as u32, 1, 1), false),
+                Schedule::TilePerCta => ((units as u32, 1, 1), false),
                 // Dynamic only pays off with more tiles than CTAs.
-                Schedule::PersistentDynamic => ((persistent, 1, 1), tiles > persistent as usize),
-                _ => ((persistent, 1, 1), false),
+                Schedule::PersistentDynamic => ((persistent as u32, 1, 1), units > persistent),
+                _ => ((persistent as u32, 1, 1), false),
             }
         }
     };
@@ -256,10 +272,13 @@ pub fn plan_forward(
             let cfg = fa3::tile_config(hdim as u32);
             let chunks = hdim as u32 / 64;
             let map = |arg, t: &TensorDesc, rows, chunks| TensorMapSpec::bshd(arg, t.dtype, t.addr, &t.layout, rows, chunks);
+            // Multicast: each CTA of a cluster loads 1/cluster of a K/V tile's rows, one
+            // 64-column chunk per copy (a half tile is not contiguous across chunks).
+            let (kv_rows, kv_chunks) = if cluster > 1 { (cfg.block_n / cluster, 1) } else { (cfg.block_n, chunks) };
             let maps = [
                 map(Arg::Q, q, cfg.block_m(), chunks)?,
-                map(Arg::K, k, cfg.block_n, chunks)?,
-                map(Arg::V, v, cfg.block_n, chunks)?,
+                map(Arg::K, k, kv_rows, kv_chunks)?,
+                map(Arg::V, v, kv_rows, kv_chunks)?,
                 // O leaves one 64-row, 64-column chunk per store.
                 map(Arg::Out, out, 64, 1)?,
             ];

@@ -46,7 +46,7 @@ fa2_entry!(fa2_fwd_hdim128_bf16, BF16, 128);
 fa2_entry!(fa2_fwd_hdim256_bf16, BF16, 256);
 
 macro_rules! fa3_entry {
-    ($name:ident, $elem:ty, $d:literal, ws: $ws:literal, pingpong: $pp:literal, overlap: $ov:literal) => {
+    ($name:ident, $elem:ty, $d:literal, cluster: $cluster:literal, ws: $ws:literal, pingpong: $pp:literal, overlap: $ov:literal) => {
         /// FlashAttention-3 forward; grid: one CTA per tile or per SM (see the host's
         /// `Schedule`), `128 * (consumer warpgroups + 1)` threads (without warp
         /// specialization, no producer warpgroup). The TMA descriptors are read through the
@@ -63,11 +63,12 @@ macro_rules! fa3_entry {
                     { CFG.block_m() },
                     { CFG.block_n },
                     { CFG.stages },
-                    { CFG.producer_regs() },
-                    { CFG.consumer_regs() },
+                    { CFG.producer_regs($cluster) },
+                    { CFG.consumer_regs($cluster) },
                     { CFG.block_n as usize / 8 },
                     { $d / 8 },
                     { CFG.block_n as usize / 16 },
+                    $cluster,
                     $ws,
                     PINGPONG,
                     $ov,
@@ -77,12 +78,14 @@ macro_rules! fa3_entry {
     };
 }
 
-fa3_entry!(fa3_fwd_hdim64_f16, F16, 64, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16, F16, 128, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim256_f16, F16, 256, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim64_bf16, BF16, 64, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_bf16, BF16, 128, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim256_bf16, BF16, 256, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16_nopingpong, F16, 128, ws: true, pingpong: false, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16_nooverlap, F16, 128, ws: true, pingpong: true, overlap: false);
-fa3_entry!(fa3_fwd_hdim128_f16_nows, F16, 128, ws: false, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim64_f16, F16, 64, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16, F16, 128, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim256_f16, F16, 256, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim64_bf16, BF16, 64, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_bf16, BF16, 128, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim256_bf16, BF16, 256, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16_multicast, F16, 128, cluster: 2, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_bf16_multicast, BF16, 128, cluster: 2, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16_nopingpong, F16, 128, cluster: 1, ws: true, pingpong: false, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16_nooverlap, F16, 128, cluster: 1, ws: true, pingpong: true, overlap: false);
+fa3_entry!(fa3_fwd_hdim128_f16_nows, F16, 128, cluster: 1, ws: false, pingpong: true, overlap: true);

@@ -253,7 +253,7 @@ pub fn finish_ptx(raw: &str) -> Result<String, Error> {
         ptx = ptx.replace(&decl, &format!(".param .align {TMA_PARAM_ALIGN}{tail}"));
     }
     for k in common::KERNELS.iter().filter(|k| k.launch_bounds > 0) {
-        ptx = add_launch_bounds(&ptx, k.name, k.launch_bounds)?;
+        ptx = add_launch_bounds(&ptx, k.name, k.launch_bounds, k.cluster)?;
     }
     Ok(ptx)
 }
@@ -264,7 +264,9 @@ pub const TMA_PARAM_ALIGN: u32 = 128;
 /// Adds `.maxntid threads, 1, 1` and `.minnctapersm 1` after the parameter list of entry
 /// `name` (what `__launch_bounds__(threads, 1)` emits): ptxas then knows the register
 /// budget at entry, which `setmaxnreg` requires (without it, warning C7508 and no effect).
-fn add_launch_bounds(ptx: &str, name: &str, threads: u32) -> Result<String, Error> {
+/// `cluster > 1` also adds `.reqnctapercluster cluster, 1, 1` (a compile-time cluster
+/// shape, so an ordinary launch runs the grid in clusters).
+fn add_launch_bounds(ptx: &str, name: &str, threads: u32, cluster: u32) -> Result<String, Error> {
     let head = format!(".visible .entry {name}(");
     let start = ptx.find(&head).ok_or_else(|| Error::Ptx(format!("entry {name} not found")))?;
     // The line closing the parameter list (llc may append a `// @name` comment to it).
@@ -272,7 +274,8 @@ fn add_launch_bounds(ptx: &str, name: &str, threads: u32) -> Result<String, Erro
         .find("\n)")
         .and_then(|i| ptx[start + i + 1..].find('\n').map(|j| start + i + 1 + j + 1))
         .ok_or_else(|| Error::Ptx(format!("entry {name}: end of parameter list not found")))?;
-    Ok(format!("{}.maxntid {threads}, 1, 1\n.minnctapersm 1\n{}", &ptx[..close], &ptx[close..]))
+    let cluster = if cluster > 1 { format!(".reqnctapercluster {cluster}, 1, 1\n") } else { String::new() };
+    Ok(format!("{}.maxntid {threads}, 1, 1\n.minnctapersm 1\n{cluster}{}", &ptx[..close], &ptx[close..]))
 }
 
 /// What `ptxas -v` said about one kernel.
@@ -415,7 +418,8 @@ ptxas warning : something global\n";
             assert!(ptx.contains(&format!(".param .align 128 .b8 {}_param_0[{}]", k.name, k.tma_param_bytes)));
             let entry = &ptx[ptx.find(&format!(".entry {}(", k.name)).unwrap()..];
             let body = &entry[..entry.find('{').unwrap()];
-            assert!(body.ends_with(&format!(")\n.maxntid {}, 1, 1\n.minnctapersm 1\n", k.launch_bounds)), "{body}");
+            let cluster = if k.cluster > 1 { format!(".reqnctapercluster {}, 1, 1\n", k.cluster) } else { String::new() };
+            assert!(body.ends_with(&format!(")\n.maxntid {}, 1, 1\n.minnctapersm 1\n{cluster}", k.launch_bounds)), "{body}");
         }
     }
 

@@ -64,6 +64,7 @@ impl Case {
                 Schedule::Persistent => "_persistent",
                 Schedule::PersistentDynamic => "_dynamic",
                 Schedule::TilePerCta => "_tilepercta",
+                Schedule::PersistentMulticast => "_multicast",
             }
         )
         .to_lowercase()
@@ -105,7 +106,16 @@ fn cases() -> Vec<Case> {
     // static or the claimed order), and every schedule gives the same bits.
     for d in [64, 128, 256] {
         for causal in [false, true] {
-            for schedule in [Schedule::Auto, Schedule::Persistent, Schedule::PersistentDynamic, Schedule::TilePerCta] {
+            for schedule in [
+                Schedule::Auto,
+                Schedule::Persistent,
+                Schedule::PersistentDynamic,
+                Schedule::TilePerCta,
+                Schedule::PersistentMulticast,
+            ] {
+                if schedule == Schedule::PersistentMulticast && (causal || d != 128) {
+                    continue;
+                }
                 v.push(Case {
                     algo: Algo::Fa3(Techniques::FULL),
                     dtype: DType::BF16,
@@ -120,6 +130,25 @@ fn cases() -> Vec<Case> {
                     schedule,
                 });
             }
+        }
+    }
+    // Multicast clusters (hdim 128 without a causal mask: Auto picks them) with an odd
+    // number of query blocks, so one CTA of the last pair of each head has no rows.
+    for dtype in DType::ALL {
+        for (sq, sk) in [(1, 1), (129, 700), (640, 333), (1000, 1000)] {
+            v.push(Case {
+                algo: Algo::Fa3(Techniques::FULL),
+                dtype,
+                d: 128,
+                b: 2,
+                sq,
+                sk,
+                hq: 4,
+                hk: 2,
+                causal: false,
+                storage: Storage::Packed,
+                schedule: Schedule::PersistentMulticast,
+            });
         }
     }
     // The FA3 ablation kernels (hdim 128, fp16) compute the same function.

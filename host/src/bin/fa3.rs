@@ -29,7 +29,7 @@ USAGE:
                        fa3-nooverlap, fa3-nows (hdim 128 f16 only)
   fa3 bench [--dtype f16|bf16] [--hdims 64,128,256] [--seqlens 512,...,16384]
             [--causal off|on|both] [--warmup N] [--iters N] [--csv FILE] [--device N]
-            [--algo NAME] [--schedule auto|persistent|dynamic|tile]
+            [--algo NAME] [--schedule auto|persistent|dynamic|multicast|tile]
             Times the forward pass over the FlashAttention-3 paper's grid
             (batch = 16384 / seqlen, heads = 2048 / hdim).
   fa3 info  GPU, driver and kernels.
@@ -159,8 +159,9 @@ fn parse_schedule(s: Option<&str>) -> CliResult<Schedule> {
         None | Some("auto") => Schedule::Auto,
         Some("persistent") => Schedule::Persistent,
         Some("dynamic") => Schedule::PersistentDynamic,
+        Some("multicast") => Schedule::PersistentMulticast,
         Some("tile") => Schedule::TilePerCta,
-        Some(x) => return Err(CliError::Usage(format!("--schedule {x:?}: expected auto, persistent, dynamic or tile"))),
+        Some(x) => return Err(CliError::Usage(format!("--schedule {x:?}: expected auto, persistent, dynamic, multicast or tile"))),
     })
 }
 

@@ -21,7 +21,7 @@ use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
 use crate::ptx::tma::TensorMap;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
-use crate::ptx::{barrier, regs, sreg};
+use crate::ptx::{barrier, cluster, regs, sreg};
 use crate::softmax::Frag;
 use common::fa3::{SmemLayout, TILE_HANDOFF_STAGES, smem_layout, tile_config};
 use common::{FwdParams, gmma::k_major_sw128};
@@ -46,6 +46,7 @@ pub unsafe fn fwd<
     const SN: usize,
     const ON: usize,
     const PK: usize,
+    const CLUSTER: u32,
     const WS: bool,
     const PINGPONG: bool,
     const OVERLAP: bool,
@@ -59,7 +60,7 @@ pub unsafe fn fwd<
     const {
         let c = tile_config(D);
         assert!(c.block_m() == BLOCK_M && c.block_n == BLOCK_N && c.stages == STAGES);
-        assert!(c.producer_regs() == PRODUCER_REGS && c.consumer_regs() == CONSUMER_REGS);
+        assert!(c.producer_regs(CLUSTER) == PRODUCER_REGS && c.consumer_regs(CLUSTER) == CONSUMER_REGS);
         assert!(SN as u32 * 8 == BLOCK_N && ON as u32 * 8 == D && PK as u32 * 16 == BLOCK_N && D % 64 == 0);
     };
     let layout: SmemLayout = const { smem_layout(tile_config(D)) };
@@ -68,18 +69,26 @@ pub unsafe fn fwd<
     let tid = sreg::thread_idx_x();
     let bars = base.add(layout.barriers);
     let kv_barriers = 16 * STAGES;
-    let q = TmaPipeline::<1> { data: base.add(layout.q), stage_bytes: BLOCK_M * D * 2, barriers: bars };
-    let k = TmaPipeline::<STAGES> { data: base.add(layout.k), stage_bytes: layout.kv_stage_bytes, barriers: bars.add(16) };
+    // In clusters of two (the multicast kernels, non-causal calls only), the CTAs share
+    // K/V tiles: each loads half of every tile and multicasts it to both.
+    const { assert!(CLUSTER == 1 || (CLUSTER == 2 && WS)) };
+    let cluster = CLUSTER;
+    let rank = if CLUSTER > 1 { sreg::cluster_ctarank() } else { 0 };
+    let (peer, multicast_rank) = if CLUSTER == 2 { (Some(rank ^ 1), Some(rank)) } else { (None, None) };
+    let q = TmaPipeline::<1> { data: base.add(layout.q), stage_bytes: BLOCK_M * D * 2, barriers: bars, peer: None };
+    let k = TmaPipeline::<STAGES> { data: base.add(layout.k), stage_bytes: layout.kv_stage_bytes, barriers: bars.add(16), peer };
     let v = TmaPipeline::<STAGES> {
         data: base.add(layout.v),
         stage_bytes: layout.kv_stage_bytes,
         barriers: bars.add(16 + kv_barriers),
+        peer,
     };
     let handoff = TileHandoff {
         ring: TmaPipeline::<TILE_HANDOFF_STAGES> {
             data: base.add(layout.tile_handoff + 16 * TILE_HANDOFF_STAGES),
             stage_bytes: 4,
             barriers: base.add(layout.tile_handoff),
+            peer: None,
         },
     };
     if tid == 0 {
@@ -89,12 +98,15 @@ pub unsafe fn fwd<
         handoff.init(128 * consumer_wgs);
         mbarrier::fence_init();
     }
-    barrier::sync_threads();
+    if cluster > 1 {
+        // The peer's producer and consumers use our barriers from here on.
+        cluster::sync();
+    } else {
+        barrier::sync_threads();
+    }
 
     let mut loader = Loader::<STAGES, BLOCK_N> {
-        tma_q: TensorMap(tma),
-        tma_k: TensorMap(tma + 128),
-        tma_v: TensorMap(tma + 256),
+        tma,
         q,
         k,
         v,
@@ -102,6 +114,8 @@ pub unsafe fn fwd<
         k_state: PipelineState::new(),
         v_state: PipelineState::new(),
         leader: tid == 0,
+        multicast_rank,
+        chunks: D / 64,
     };
     let consumer = Consumer::<D, BLOCK_M, BLOCK_N, STAGES> {
         tma_o: TensorMap(tma + 384),
@@ -113,7 +127,7 @@ pub unsafe fn fwd<
     };
     let wg = tid / 128;
     let thread_in_wg = tid % 128;
-    let order = TileOrder::<BLOCK_M, BLOCK_N>::new(&p);
+    let order = TileOrder::<BLOCK_M, BLOCK_N>::new(&p, cluster, rank);
     if WS {
         if wg == 0 {
             regs::dealloc::<PRODUCER_REGS>();
@@ -121,7 +135,7 @@ pub unsafe fn fwd<
                 loader.prefetch_descriptors();
                 // The producer claims each tile (dynamically when the host gave a
                 // counter), hands its number to the consumers, then loads it.
-                let mut claims = TileClaims::new(&p);
+                let mut claims = TileClaims::new(&p, cluster);
                 let mut st = CountState::new();
                 loop {
                     let t = claims.current();
@@ -149,6 +163,10 @@ pub unsafe fn fwd<
         }
         let mut tiles = StaticTiles::new(order);
         consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg, thread_in_wg, &mut loader, true);
+    }
+    if cluster > 1 {
+        // Our shared memory and barriers stay alive until the peer is done with them.
+        cluster::sync();
     }
 }
 

@@ -75,6 +75,9 @@ pub struct TmaPipeline<const STAGES: u32> {
     pub stage_bytes: u32,
     /// `STAGES` full barriers, then `STAGES` empty barriers, 8 bytes each.
     pub barriers: SmemAddr,
+    /// The cluster peer whose producer also fills our slots (K/V multicast): releases go
+    /// to its empty barrier too, and ours wait for its consumers as well.
+    pub peer: Option<u32>,
 }
 
 impl<const STAGES: u32> TmaPipeline<STAGES> {
@@ -93,12 +96,14 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
         self.data.add(stage * self.stage_bytes)
     }
 
-    /// One thread, before first use: one producer arrival per phase; `consumers` releases.
+    /// One thread, before first use: one producer arrival per phase; `consumers` releases
+    /// from this CTA (and as many from the peer's).
     #[inline(always)]
     pub fn init(&self, consumers: u32) {
+        let releases = if self.peer.is_some() { 2 * consumers } else { consumers };
         for s in 0..STAGES {
             self.full(s).init(1);
-            self.empty(s).init(consumers);
+            self.empty(s).init(releases);
         }
     }
 
@@ -124,9 +129,13 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
         self.full(st.index()).wait(st.phase());
     }
 
-    /// Consumer: this thread is done reading the slot.
+    /// Consumer: this thread is done reading the slot (here and, with multicast, the
+    /// peer's copy of the slot is free to be refilled as far as we are concerned).
     #[inline(always)]
     pub fn consumer_release(&self, st: PipelineState<STAGES>) {
         self.empty(st.index()).arrive();
+        if let Some(peer) = self.peer {
+            self.empty(st.index()).arrive_peer(peer);
+        }
     }
 }

@@ -5,13 +5,13 @@
 //! as slots free up, while the consumers still finish the current one.
 use super::pipeline::{PipelineState, TmaPipeline};
 use super::scheduler::Tile;
+use crate::ptx::compiler::opaque_u64;
 use crate::ptx::tma::TensorMap;
 
 #[derive(Clone, Copy)]
 pub struct Loader<const STAGES: u32, const BLOCK_N: u32> {
-    pub tma_q: TensorMap,
-    pub tma_k: TensorMap,
-    pub tma_v: TensorMap,
+    /// The descriptor block: maps of q, k, v (and o), 128 B apart.
+    pub tma: u64,
     /// One slot: Q of the current tile.
     pub q: TmaPipeline<1>,
     pub k: TmaPipeline<STAGES>,
@@ -22,14 +22,27 @@ pub struct Loader<const STAGES: u32, const BLOCK_N: u32> {
     /// The one thread that arms barriers and issues copies; the others calling the
     /// loader (a whole warpgroup without warp specialization) only wait along.
     pub leader: bool,
+    /// In a 2-CTA cluster, this CTA's rank: it loads half of each K/V tile's rows and
+    /// multicasts them to both CTAs (the K/V maps' boxes are then `BLOCK_N / 2` rows of
+    /// one 64-column chunk). `None`: whole tiles, this CTA only.
+    pub multicast_rank: Option<u32>,
+    /// 64-column chunks of the head dim.
+    pub chunks: u32,
 }
 
 impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
+    /// Map `i` (0: q, 1: k, 2: v), its address derived at each use: the producer thread
+    /// runs on 24 registers and cannot hold three 64-bit addresses for the whole kernel.
+    #[inline(always)]
+    fn map(&self, i: u64) -> TensorMap {
+        TensorMap(opaque_u64(self.tma) + 128 * i)
+    }
+
     #[inline(always)]
     pub fn prefetch_descriptors(&self) {
-        self.tma_q.prefetch();
-        self.tma_k.prefetch();
-        self.tma_v.prefetch();
+        self.map(0).prefetch();
+        self.map(1).prefetch();
+        self.map(2).prefetch();
     }
 
     /// Loads Q of `tile` once the consumers released the previous one. A tile with no
@@ -44,7 +57,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
             self.q.producer_acquire(st, self.leader);
             // SAFETY: the slot holds one box; its full barrier expects the bytes.
             unsafe {
-                self.tma_q.load_5d(self.q.slot(0), self.q.full(0), [0, row0 as i32, 0, tile.head as i32, tile.batch as i32], self.leader)
+                self.map(0).load_5d(self.q.slot(0), self.q.full(0), [0, row0 as i32, 0, tile.head as i32, tile.batch as i32], self.leader)
             };
         }
         self.q_state.advance();
@@ -59,28 +72,40 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     /// Loads K of step `i` into the next K slot (waits for it to be free).
     #[inline(always)]
     pub fn load_k(&mut self, tile: &Tile, i: u32) {
-        Self::load_kv(self.tma_k, &self.k, &mut self.k_state, tile, i, self.leader);
+        let mut st = self.k_state;
+        self.load_kv(self.map(1), &self.k, &mut st, tile, i);
+        self.k_state = st;
     }
 
     /// Loads V of step `i` into the next V slot (waits for it to be free).
     #[inline(always)]
     pub fn load_v(&mut self, tile: &Tile, i: u32) {
-        Self::load_kv(self.tma_v, &self.v, &mut self.v_state, tile, i, self.leader);
+        let mut st = self.v_state;
+        self.load_kv(self.map(2), &self.v, &mut st, tile, i);
+        self.v_state = st;
     }
 
     #[inline(always)]
-    fn load_kv(
-        map: TensorMap,
-        ring: &TmaPipeline<STAGES>,
-        st: &mut PipelineState<STAGES>,
-        tile: &Tile,
-        i: u32,
-        leader: bool,
-    ) {
-        ring.producer_acquire(*st, leader);
-        let coords = [0, Self::key_row(tile, i), 0, tile.head_k as i32, tile.batch as i32];
-        // SAFETY: the slot holds one box; its full barrier expects the bytes.
-        unsafe { map.load_5d(ring.slot(st.index()), ring.full(st.index()), coords, leader) };
+    fn load_kv(&self, map: TensorMap, ring: &TmaPipeline<STAGES>, st: &mut PipelineState<STAGES>, tile: &Tile, i: u32) {
+        ring.producer_acquire(*st, self.leader);
+        let (slot, full) = (ring.slot(st.index()), ring.full(st.index()));
+        let (row, head, batch) = (Self::key_row(tile, i), tile.head_k as i32, tile.batch as i32);
+        match self.multicast_rank {
+            // SAFETY: the slot holds one box; its full barrier expects the bytes.
+            None => unsafe { map.load_5d(slot, full, [0, row, 0, head, batch], self.leader) },
+            Some(rank) => {
+                // Rows [rank * BLOCK_N/2, (rank + 1) * BLOCK_N/2) of every chunk, into both
+                // CTAs; each CTA's full barrier expects the whole tile (both halves). The
+                // half starts on a 1024 B swizzle atom, so the swizzle composes.
+                let half = BLOCK_N / 2;
+                for c in 0..self.chunks {
+                    let dst = slot.add(c * BLOCK_N * 128 + rank * half * 128);
+                    let coords = [0, row + (rank * half) as i32, c as i32, head, batch];
+                    // SAFETY: as above, in both CTAs of the cluster.
+                    unsafe { map.load_5d_multicast(dst, full, coords, 0b11, self.leader) };
+                }
+            }
+        }
         st.advance();
     }
 

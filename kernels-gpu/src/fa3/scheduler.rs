@@ -26,26 +26,34 @@ pub struct Tile {
     pub n_blocks: u32,
 }
 
-/// The numbering of tiles.
+/// The numbering of tiles. In a cluster of `c` CTAs a number names `c` consecutive query
+/// blocks of one (batch, head), one per CTA by rank, which share their K/V tiles (when
+/// the query blocks do not divide evenly, the last rank gets a block past the end: its
+/// Q loads as zeros and its stores are clipped, while it still loads its share of K/V).
 #[derive(Clone, Copy)]
 pub struct TileOrder<const BLOCK_M: u32, const BLOCK_N: u32> {
     pub total: u32,
-    m_blocks: u32,
+    /// Query blocks per (batch, head), in units of the cluster size.
+    units: u32,
+    cluster: u32,
+    rank: u32,
 }
 
 impl<const BLOCK_M: u32, const BLOCK_N: u32> TileOrder<BLOCK_M, BLOCK_N> {
+    /// `cluster`: CTAs per cluster (>= 1); `rank`: this CTA's rank in it.
     #[inline(always)]
-    pub fn new(p: &FwdParams) -> Self {
-        let m_blocks = p.seqlen_q.div_ceil(BLOCK_M);
-        TileOrder { total: m_blocks * p.heads_q * p.batch, m_blocks }
+    pub fn new(p: &FwdParams, cluster: u32, rank: u32) -> Self {
+        let units = p.seqlen_q.div_ceil(BLOCK_M).div_ceil(cluster.max(1));
+        TileOrder { total: units * p.heads_q * p.batch, units, cluster, rank }
     }
 
     /// Tile number `t` (< `total`).
     #[inline(always)]
     pub fn tile(&self, t: u32, p: &FwdParams) -> Tile {
         // The host guarantees non-zero sizes; checked ops keep panics out of the kernel.
-        let m_block = self.m_blocks - 1 - t.checked_rem(self.m_blocks).unwrap_or(0);
-        let hb = t.checked_div(self.m_blocks).unwrap_or(0);
+        let unit = self.units - 1 - t.checked_rem(self.units).unwrap_or(0);
+        let m_block = unit * self.cluster + self.rank;
+        let hb = t.checked_div(self.units).unwrap_or(0);
         let head = hb.checked_rem(p.heads_q).unwrap_or(0);
         Tile {
             m_block,
@@ -67,10 +75,19 @@ pub struct TileClaims {
 }
 
 impl TileClaims {
-    /// Claims from `p.tile_counter` when the host gave one.
+    /// Claims from `p.tile_counter` when the host gave one. The CTAs of a cluster of
+    /// `cluster` take the same numbers (the cluster is the unit of work); the host gives
+    /// clusters no counter.
     #[inline(always)]
-    pub fn new(p: &FwdParams) -> Self {
-        TileClaims { current: sreg::block_idx_x(), stride: sreg::grid_dim_x(), counter: p.tile_counter }
+    pub fn new(p: &FwdParams, cluster: u32) -> Self {
+        let cluster = cluster.max(1);
+        TileClaims {
+            current: sreg::block_idx_x() / cluster,
+            stride: sreg::grid_dim_x() / cluster,
+            // Constant-folded away in the cluster kernels, whose producer has no register
+            // to spare.
+            counter: if cluster > 1 { 0 } else { p.tile_counter },
+        }
     }
 
     /// The tile this CTA works on now.

@@ -6,6 +6,7 @@
 //! ([`smem::SmemAddr`]); global addresses are 64-bit generic addresses.
 
 pub mod barrier;
+pub mod cluster;
 pub mod compiler;
 pub mod fence;
 pub mod global;

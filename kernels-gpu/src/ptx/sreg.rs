@@ -26,3 +26,7 @@ sreg!(/// Grid size in CTAs (x).
     grid_dim_x, "%nctaid.x");
 sreg!(/// Lane in the warp, 0..32.
     lane_id, "%laneid");
+sreg!(/// This CTA's rank in its cluster.
+    cluster_ctarank, "%cluster_ctarank");
+sreg!(/// CTAs per cluster (1 without a cluster launch).
+    cluster_nctarank, "%cluster_nctarank");

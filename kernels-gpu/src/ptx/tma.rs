@@ -57,6 +57,22 @@ impl TensorMap {
         };
     }
 
+    /// As [`Self::load_5d`], but the box lands at `dst` in every CTA of the cluster named
+    /// in `cta_mask`, and completes on the barrier at `bar`'s offset in each of them.
+    ///
+    /// # Safety
+    /// As [`Self::load_5d`], in every destination CTA.
+    #[inline(always)]
+    pub unsafe fn load_5d_multicast(self, dst: SmemAddr, bar: Mbarrier, c: [i32; 5], cta_mask: u16, leader: bool) {
+        unsafe {
+            asm!("{{ .reg .pred p; setp.ne.b32 p, {8}, 0; @p cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{0}], [{1}, {{{3}, {4}, {5}, {6}, {7}}}], [{2}], {9}; }}",
+                 in(reg32) dst.0, in(reg64) self.0, in(reg32) bar.0.0,
+                 in(reg32) c[0], in(reg32) c[1], in(reg32) c[2], in(reg32) c[3], in(reg32) c[4], in(reg32) leader as u32,
+                 in(reg16) cta_mask,
+                 options(nostack))
+        };
+    }
+
     /// Stores the box at coordinates `c` from `src`; out-of-bounds elements are dropped.
     ///
     /// # Safety
