@@ -56,7 +56,7 @@ for step in "$@"; do
         done
         # Non-causal hdim 128: 2-CTA clusters sharing K/V by multicast (3 query blocks:
         # one CTA of the second pair has no rows).
-        r=$(timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random 1x300x4x128 --heads-k 2 --dtype f16 --algo "$ALGO" 2>&1 | grep -E "ERROR SUMMARY|error" | tail -1)
+        r=$(timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random 1x300x4x128 --heads-k 2 --dtype f16 --schedule multicast 2>&1 | grep -E "ERROR SUMMARY|error" | tail -1)
         echo "$tool 1x300x4x128 multicast: ${r:-no summary (rc $?)}"
       done | tee "$OUT/sanitize.log" ;;
     *) echo "unknown step $step"; status=1 ;;

@@ -23,8 +23,8 @@ pub struct AttnOptions {
 /// Grid of the FA3 kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Schedule {
-    /// Without a causal mask: multicast clusters where there is a kernel for them (hdim
-    /// 128), else persistent with the static order (every tile costs the same); with one, persistent with the dynamic order (tiles differ in cost), or one
+    /// Without a causal mask: persistent with the static order (every tile costs the
+    /// same); with one, persistent with the dynamic order (tiles differ in cost), or one
     /// tile per CTA for the kernel without warp specialization (which has no producer to
     /// claim tiles).
     #[default]
@@ -41,7 +41,8 @@ pub enum Schedule {
     /// Persistent (static order) over clusters of two CTAs on neighbouring query blocks
     /// of one head, which share each K/V tile by TMA multicast (half the L2 traffic).
     /// Non-causal only (both CTAs must visit the same key blocks), hdim 128, all
-    /// techniques on.
+    /// techniques on. Opt-in: measured ~30% slower than `Persistent` on the H100
+    /// (docs/perf.md), cause not yet found.
     PersistentMulticast,
 }
 
@@ -206,10 +207,7 @@ pub fn plan_forward(
 
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
     let schedule = match (opts.schedule, algo) {
-        (Schedule::Auto, Algo::Fa3(t)) if !opts.causal => {
-            let multicast = common::find_kernel(algo, hdim as u32, q.dtype, fa3::MULTICAST_CLUSTER).is_some();
-            if multicast && t == Techniques::FULL { Schedule::PersistentMulticast } else { Schedule::Persistent }
-        }
+        (Schedule::Auto, Algo::Fa3(_)) if !opts.causal => Schedule::Persistent,
         (Schedule::Auto, Algo::Fa3(t)) if t.warp_specialized => Schedule::PersistentDynamic,
         (Schedule::Auto, _) => Schedule::TilePerCta,
         (Schedule::PersistentDynamic, Algo::Fa3(t)) if !t.warp_specialized => {

@@ -132,7 +132,7 @@ fn cases() -> Vec<Case> {
             }
         }
     }
-    // Multicast clusters (hdim 128 without a causal mask: Auto picks them) with an odd
+    // Multicast clusters (hdim 128 without a causal mask, opt-in) with an odd
     // number of query blocks, so one CTA of the last pair of each head has no rows.
     for dtype in DType::ALL {
         for (sq, sk) in [(1, 1), (129, 700), (640, 333), (1000, 1000)] {

@@ -27,6 +27,8 @@ USAGE:
       --device N       GPU ordinal (default 0)
       --algo NAME      fa3 (default), fa2, or an FA3 ablation: fa3-nopingpong,
                        fa3-nooverlap, fa3-nows (hdim 128 f16 only)
+      --schedule S     FA3 grid: auto (default), persistent, dynamic, multicast
+                       (2-CTA clusters, hdim 128, non-causal), tile
   fa3 bench [--dtype f16|bf16] [--hdims 64,128,256] [--seqlens 512,...,16384]
             [--causal off|on|both] [--warmup N] [--iters N] [--csv FILE] [--device N]
             [--algo NAME] [--schedule auto|persistent|dynamic|multicast|tile]
@@ -260,6 +262,7 @@ fn cmd_run(args: &[String]) -> CliResult<()> {
     let dtype = a.value("--dtype")?.map(|s| parse_dtype(&s)).transpose()?.unwrap_or(DType::BF16);
     let causal = a.flag("--causal");
     let scale: Option<f32> = a.parsed("--scale")?;
+    let schedule = parse_schedule(a.value("--schedule")?.as_deref())?;
     let output: Option<PathBuf> = a.value("--output")?.map(PathBuf::from);
     let do_check = a.flag("--check");
     let seed: u64 = a.parsed("--seed")?.unwrap_or_else(clock_seed);
@@ -298,7 +301,7 @@ fn cmd_run(args: &[String]) -> CliResult<()> {
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
-    let mut opts = AttnOptions::default().causal(causal).algo(algo);
+    let mut opts = AttnOptions::default().causal(causal).algo(algo).schedule(schedule);
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
     }

@@ -97,10 +97,10 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
     }
 
     /// One thread, before first use: one producer arrival per phase; `consumers` releases
-    /// from this CTA (and as many from the peer's).
+    /// from this CTA (and one per warp of the peer's).
     #[inline(always)]
     pub fn init(&self, consumers: u32) {
-        let releases = if self.peer.is_some() { 2 * consumers } else { consumers };
+        let releases = if self.peer.is_some() { consumers + consumers / 32 } else { consumers };
         for s in 0..STAGES {
             self.full(s).init(1);
             self.empty(s).init(releases);
@@ -129,13 +129,17 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
         self.full(st.index()).wait(st.phase());
     }
 
-    /// Consumer: this thread is done reading the slot (here and, with multicast, the
-    /// peer's copy of the slot is free to be refilled as far as we are concerned).
+    /// Consumer: this thread is done reading the slot. With multicast the peer's copy
+    /// is released too, by lane 0 of each warp only (remote arrivals cross the cluster
+    /// network; the slot is read only by wgmma, which completes for the whole
+    /// warpgroup at once, so one lane's word suffices).
     #[inline(always)]
     pub fn consumer_release(&self, st: PipelineState<STAGES>) {
         self.empty(st.index()).arrive();
         if let Some(peer) = self.peer {
-            self.empty(st.index()).arrive_peer(peer);
+            if crate::ptx::sreg::lane_id() == 0 {
+                self.empty(st.index()).arrive_peer(peer);
+            }
         }
     }
 }
