@@ -105,6 +105,12 @@ impl Gpu {
         Ok(self.ctx.new_stream()?)
     }
 
+    /// For a cluster kernel, the most of its CTAs that run at once (the driver's
+    /// occupancy answer, in whole clusters); `None` for other kernels.
+    pub fn resident_ctas(&self, entry: &KernelEntry) -> Option<u32> {
+        self.function(entry).and_then(|(_, r)| r)
+    }
+
     /// The loaded kernel, and for a cluster kernel the most CTAs that run at once.
     pub(crate) fn function(&self, entry: &KernelEntry) -> Option<(&CudaFunction, Option<u32>)> {
         self.functions.iter().find(|(k, _, _)| k.name == entry.name).map(|(_, f, r)| (f, *r))

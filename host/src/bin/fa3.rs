@@ -380,6 +380,9 @@ fn cmd_info(args: &[String]) -> CliResult<()> {
         i.driver_version / 1000,
         i.driver_version % 1000 / 10
     );
+    for k in common::KERNELS.iter().filter(|k| k.cluster > 1) {
+        println!("{}: clusters of {}, at most {:?} CTAs at once", k.name, k.cluster, gpu.resident_ctas(k));
+    }
     Ok(())
 }
 

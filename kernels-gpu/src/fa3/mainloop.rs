@@ -232,7 +232,10 @@ where
     let mut rings = Rings { ops, kst, vst, loader, refills: is_loader, tile };
 
     if OVERLAP {
-        // n + 1 GEMM turns: QK_0; (QK_i, PV_{i-1}) for i in 1..n; PV_{n-1}.
+        // n + 1 GEMM turns: QK_0; (QK_i, PV_{i-1}) for i in 1..n; PV_{n-1}. O is rescaled
+        // for step i-1's new row max while QK_i runs (no wgmma holds O then), just before
+        // PV_{i-1} accumulates into it, as in FA3; so only the P conversion sits between a
+        // PV landing and the next GEMMs.
         pingpong.start(n + 1);
         ops.k.consumer_wait(*rings.kst);
         pingpong.begin();
@@ -243,7 +246,9 @@ where
         wgmma::wait::<0>();
         s.fence_operand();
         rings.release_k(0);
+        // O is still zero: step 0's factor is not needed.
         masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, 0);
+        let mut alpha = [1.0f32; 2];
         pf = to_p::<E, SN, PK>(&s);
         for i in 1..n {
             ops.k.consumer_wait(*rings.kst);
@@ -251,6 +256,9 @@ where
             fence_before_gemms(&mut s, &mut o, &mut pf);
             qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
             wgmma::commit();
+            OnlineSoftmax::rescale(&mut o, alpha);
+            o.fence_operand();
+            wgmma::fence();
             ops.v.consumer_wait(*rings.vst);
             pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
             wgmma::commit();
@@ -259,17 +267,17 @@ where
             wgmma::wait::<1>();
             s.fence_operand();
             rings.release_k(i);
-            let alpha = masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, i);
+            alpha = masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, i);
             wgmma::wait::<0>();
             o.fence_operand();
             // P_i may only overwrite the A registers once PV_{i-1} has read them.
             s.fence_operand();
             rings.release_v(i - 1);
-            OnlineSoftmax::rescale(&mut o, alpha);
             pf = to_p::<E, SN, PK>(&s);
         }
         ops.v.consumer_wait(*rings.vst);
         pingpong.begin();
+        OnlineSoftmax::rescale(&mut o, alpha);
         fence_before_gemms(&mut s, &mut o, &mut pf);
         pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
         wgmma::commit();
