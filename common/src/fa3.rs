@@ -40,8 +40,9 @@ pub struct TileConfig {
     pub block_n: u32,
     /// Depth of the K and V rings.
     pub stages: u32,
-    /// Whether the pingpong schedule is used (off at hdim 256, where measurement showed
-    /// it costs 5-15%: the GEMMs are long enough to hide the softmax without it, as in FA3).
+    /// Whether the pingpong schedule is used. On at every head dim: at hdim 256 it cost
+    /// 5-15% while O was rescaled after PV (v2), and gains 3-16% since O is rescaled
+    /// under the QK GEMM (v3, docs/perf.md).
     pub pingpong: bool,
 }
 
@@ -82,7 +83,7 @@ pub const fn tile_config(hdim: u32) -> TileConfig {
     match hdim {
         64 => TileConfig { hdim, consumer_wgs: 3, block_n: 128, stages: 2, pingpong: true },
         128 => TileConfig { hdim, consumer_wgs: 2, block_n: 128, stages: 2, pingpong: true },
-        _ => TileConfig { hdim, consumer_wgs: 2, block_n: 80, stages: 2, pingpong: false },
+        _ => TileConfig { hdim, consumer_wgs: 2, block_n: 80, stages: 2, pingpong: true },
     }
 }
 
