@@ -80,16 +80,26 @@ impl TileConfig {
 /// FA3); hdim 256 keeps FA3's 80-key tiles so that Q, two K and two V stages fit in
 /// 227 KB of shared memory.
 pub const fn tile_config(hdim: u32) -> TileConfig {
+    tile_config_wgs(hdim, if hdim == 64 { 3 } else { 2 })
+}
+
+/// Tile shape of a head dim with `consumer_wgs` consumer warpgroups (hdim 64 also has a
+/// two-warpgroup kernel: 128-row tiles waste less on short causal calls).
+pub const fn tile_config_wgs(hdim: u32, consumer_wgs: u32) -> TileConfig {
     match hdim {
-        64 => TileConfig { hdim, consumer_wgs: 3, block_n: 128, stages: 2, pingpong: true },
-        128 => TileConfig { hdim, consumer_wgs: 2, block_n: 128, stages: 2, pingpong: true },
-        _ => TileConfig { hdim, consumer_wgs: 2, block_n: 80, stages: 2, pingpong: true },
+        64 => TileConfig { hdim, consumer_wgs, block_n: 128, stages: 2, pingpong: true },
+        128 => TileConfig { hdim, consumer_wgs, block_n: 128, stages: 2, pingpong: true },
+        _ => TileConfig { hdim, consumer_wgs, block_n: 80, stages: 2, pingpong: true },
     }
 }
 
-/// Threads per CTA of a kernel variant.
-pub const fn threads(t: Techniques, hdim: u32) -> u32 {
-    let wgs = tile_config(hdim).consumer_wgs;
+/// Tile shape of an FA3 kernel.
+pub const fn kernel_config(k: &KernelEntry) -> TileConfig {
+    tile_config_wgs(k.hdim, k.consumer_wgs)
+}
+
+/// Threads per CTA of a kernel variant with `wgs` consumer warpgroups.
+pub const fn threads(t: Techniques, wgs: u32) -> u32 {
     if t.warp_specialized { 128 * (wgs + 1) } else { 128 * wgs }
 }
 
@@ -145,15 +155,16 @@ pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
 }
 
 macro_rules! fa3_entries {
-    ($($name:literal => $hdim:literal, $dtype:ident, $tech:ident, cluster $cluster:literal;)*) => {
+    ($($name:literal => $hdim:literal, $dtype:ident, $tech:ident, wgs $wgs:literal, cluster $cluster:literal;)*) => {
         [$(KernelEntry {
             name: $name,
             algo: Algo::Fa3(Techniques::$tech),
             hdim: $hdim,
             dtype: DType::$dtype,
             tma_param_bytes: TMA_PARAM_BYTES,
-            launch_bounds: threads(Techniques::$tech, $hdim),
+            launch_bounds: threads(Techniques::$tech, $wgs),
             cluster: $cluster,
+            consumer_wgs: $wgs,
         },)*]
     };
 }
@@ -164,21 +175,24 @@ macro_rules! fa3_entries {
 /// where both CTAs visit the same key blocks).
 pub const MULTICAST_CLUSTER: u32 = 2;
 
-/// The FA3 kernels: every head dim and dtype with all techniques, the 2-CTA multicast
+/// The FA3 kernels: every head dim and dtype with all techniques, hdim 64 also with two
+/// consumer warpgroups (short causal calls), the 2-CTA multicast
 /// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
 /// multicast producer too few), plus the ablation variants at hdim 128 fp16.
-pub const KERNELS: [KernelEntry; 11] = fa3_entries! {
-    "fa3_fwd_hdim64_f16" => 64, F16, FULL, cluster 1;
-    "fa3_fwd_hdim128_f16" => 128, F16, FULL, cluster 1;
-    "fa3_fwd_hdim256_f16" => 256, F16, FULL, cluster 1;
-    "fa3_fwd_hdim64_bf16" => 64, BF16, FULL, cluster 1;
-    "fa3_fwd_hdim128_bf16" => 128, BF16, FULL, cluster 1;
-    "fa3_fwd_hdim256_bf16" => 256, BF16, FULL, cluster 1;
-    "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, cluster 2;
-    "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, cluster 2;
-    "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, cluster 1;
-    "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, cluster 1;
-    "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, cluster 1;
+pub const KERNELS: [KernelEntry; 13] = fa3_entries! {
+    "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, cluster 1;
+    "fa3_fwd_hdim128_f16" => 128, F16, FULL, wgs 2, cluster 1;
+    "fa3_fwd_hdim256_f16" => 256, F16, FULL, wgs 2, cluster 1;
+    "fa3_fwd_hdim64_bf16" => 64, BF16, FULL, wgs 3, cluster 1;
+    "fa3_fwd_hdim128_bf16" => 128, BF16, FULL, wgs 2, cluster 1;
+    "fa3_fwd_hdim256_bf16" => 256, BF16, FULL, wgs 2, cluster 1;
+    "fa3_fwd_hdim64_f16_2wg" => 64, F16, FULL, wgs 2, cluster 1;
+    "fa3_fwd_hdim64_bf16_2wg" => 64, BF16, FULL, wgs 2, cluster 1;
+    "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, wgs 2, cluster 2;
+    "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, wgs 2, cluster 2;
+    "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, wgs 2, cluster 1;
+    "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, wgs 2, cluster 1;
+    "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, wgs 2, cluster 1;
 };
 
 #[cfg(test)]
@@ -189,6 +203,7 @@ mod tests {
     fn shared_memory_fits_the_h100_for_every_head_dim() {
         for hdim in crate::HEAD_DIMS {
             let l = smem_layout(tile_config(hdim));
+            assert!(smem_layout(tile_config_wgs(hdim, 2)).total <= MAX_SMEM, "hdim {hdim}, 2 warpgroups");
             assert!(l.total <= MAX_SMEM, "hdim {hdim}: {} bytes", l.total);
             // hdim 64 and 128 stage O apart from Q; 256 has no room and reuses Q.
             assert_eq!(l.o_shares_q(), hdim == 256, "hdim {hdim}");
@@ -201,11 +216,12 @@ mod tests {
 
     #[test]
     fn register_split_fits_the_register_file() {
-        for hdim in crate::HEAD_DIMS {
-            for cluster in [1, MULTICAST_CLUSTER] {
-                let c = tile_config(hdim);
+        for k in KERNELS.iter().filter(|k| k.algo == Algo::Fa3(Techniques::FULL)) {
+            let (hdim, cluster) = (k.hdim, k.cluster);
+            {
+                let c = kernel_config(k);
                 let (producer, consumer) = (c.producer_regs(cluster), c.consumer_regs(cluster));
-                let threads = threads(Techniques::FULL, hdim);
+                let threads = threads(Techniques::FULL, c.consumer_wgs);
                 assert!(128 * (producer + c.consumer_wgs * consumer) <= 65536, "hdim {hdim}");
                 assert_eq!((producer % 8, consumer % 8), (0, 0));
                 // setmaxnreg moves registers within what the CTA got at launch (the
@@ -220,8 +236,8 @@ mod tests {
 
     #[test]
     fn tma_boxes_and_tiles_fit_hardware_limits() {
-        for hdim in crate::HEAD_DIMS {
-            let c = tile_config(hdim);
+        for k in KERNELS {
+            let (hdim, c) = (k.hdim, kernel_config(&k));
             // A TMA box dimension is at most 256 elements; WGMMA N is a multiple of 8 up to 256.
             assert!(c.block_m() <= 256 && c.block_n <= 256 && c.block_n % 16 == 0, "hdim {hdim}");
             // Named barriers: 1..=wgs for the epilogues, then wgs more for pingpong (<= 15).

@@ -54,11 +54,13 @@ pub struct KernelEntry {
     /// CTAs per cluster (1: no cluster); above 1 the PTX builder adds
     /// `.reqnctapercluster N, 1, 1` and the grid must be a multiple of it.
     pub cluster: u32,
+    /// FA3: consumer warpgroups (64 query rows each); 0 for FA2.
+    pub consumer_wgs: u32,
 }
 
 macro_rules! fa2_entries {
     ($($name:literal => $hdim:literal, $dtype:ident;)*) => {
-        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0, launch_bounds: 0, cluster: 1 },)*]
+        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0, launch_bounds: 0, cluster: 1, consumer_wgs: 0 },)*]
     };
 }
 
@@ -87,9 +89,17 @@ pub const KERNELS: [KernelEntry; 6 + fa3::KERNELS.len()] = {
     all
 };
 
-/// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none).
-pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32) -> Option<&'static KernelEntry> {
-    KERNELS.iter().find(|k| k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster)
+/// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none;
+/// `consumer_wgs`: FA3 consumer warpgroups, `None` for the head dim's default).
+pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, consumer_wgs: Option<u32>) -> Option<&'static KernelEntry> {
+    let wgs = match (algo, consumer_wgs) {
+        (Algo::Fa2, _) => 0,
+        (_, Some(w)) => w,
+        (_, None) => fa3::tile_config(hdim).consumer_wgs,
+    };
+    KERNELS
+        .iter()
+        .find(|k| k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster && k.consumer_wgs == wgs)
 }
 
 /// Strides, in elements, of a `[batch, seqlen, heads, hdim]` tensor whose last

@@ -151,6 +151,23 @@ fn cases() -> Vec<Case> {
             });
         }
     }
+    // hdim 64 causal on both sides of the switch from 128-row (two consumer warpgroups)
+    // to 192-row tiles.
+    for sq in [1024, 1025] {
+        v.push(Case {
+            algo: Algo::Fa3(Techniques::FULL),
+            dtype: DType::F16,
+            d: 64,
+            b: 2,
+            sq,
+            sk: sq,
+            hq: 4,
+            hk: 2,
+            causal: true,
+            storage: Storage::Packed,
+            schedule: Schedule::Auto,
+        });
+    }
     // The FA3 ablation kernels (hdim 128, fp16) compute the same function.
     for t in [Techniques::NO_PINGPONG, Techniques::NO_OVERLAP, Techniques::NO_WARP_SPECIALIZATION] {
         for causal in [false, true] {

@@ -55,7 +55,7 @@ fn fa3_kernels_use_hopper_instructions() -> Result<(), Failed> {
             needed.extend(["setmaxnreg.dec", "setmaxnreg.inc"]);
         }
         // Pingpong's named-barrier turns (off by design at hdim 256, see common::fa3).
-        if t.pingpong && common::fa3::tile_config(k.hdim).pingpong {
+        if t.pingpong && common::fa3::kernel_config(k).pingpong {
             needed.push("bar.arrive");
         }
         if let Some(missing) = needed.iter().find(|n| !body.contains(*n)) {

@@ -326,3 +326,29 @@ fn multicast_plans_pairs_of_query_blocks_in_whole_clusters() {
     c.lse.1 = 2 * 8 * 4096;
     assert_eq!(c.plan().unwrap().grid, (132, 1, 1), "whole clusters within the SM count");
 }
+
+#[test]
+fn hdim_64_short_causal_calls_use_128_row_tiles() {
+    let mut c = Call::good();
+    let (q, kv) = ([2, 1024, 8, 64], [2, 1024, 2, 64]);
+    c.q = packed(q, DType::F16);
+    c.k = packed(kv, DType::F16);
+    c.v = packed(kv, DType::F16);
+    c.out = c.q;
+    c.lse.1 = 2 * 8 * 1024;
+    c.opts = AttnOptions::default().causal(true);
+    let plan = c.plan().unwrap();
+    assert_eq!((plan.kernel.name, plan.block), ("fa3_fwd_hdim64_f16_2wg", 384));
+    assert_eq!(plan.tma.unwrap()[0].box_dims, [64, 128, 1, 1, 1]);
+    // Longer causal calls and non-causal ones keep the 192-row tiles.
+    c.opts = AttnOptions::default();
+    assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim64_f16");
+    let (q, kv) = ([2, 1025, 8, 64], [2, 1025, 2, 64]);
+    c.q = packed(q, DType::F16);
+    c.k = packed(kv, DType::F16);
+    c.v = packed(kv, DType::F16);
+    c.out = c.q;
+    c.lse.1 = 2 * 8 * 1025;
+    c.opts = AttnOptions::default().causal(true);
+    assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim64_f16");
+}

@@ -23,7 +23,7 @@ use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::{barrier, cluster, regs, sreg};
 use crate::softmax::Frag;
-use common::fa3::{SmemLayout, TILE_HANDOFF_STAGES, smem_layout, tile_config};
+use common::fa3::{SmemLayout, TILE_HANDOFF_STAGES, smem_layout, tile_config_wgs};
 use common::{FwdParams, gmma::k_major_sw128};
 use mainloop::{Operands, PingPong};
 use pipeline::{CountState, PipelineState, TmaPipeline};
@@ -32,7 +32,7 @@ use scheduler::{HandoffTiles, StaticTiles, TileClaims, TileHandoff, TileOrder, T
 
 /// The kernel body. `tma`: generic address of the descriptor block (q, k, v, o maps,
 /// 128 B each). `BLOCK_M`, `BLOCK_N`, `STAGES` and the register split come from
-/// `tile_config(D)`; `SN = BLOCK_N/8`, `ON = D/8`, `PK = BLOCK_N/16` size the register tiles.
+/// `tile_config_wgs(D, BLOCK_M / 64)`; `SN = BLOCK_N/8`, `ON = D/8`, `PK = BLOCK_N/16` size the register tiles.
 /// `WS`, `PINGPONG`, `OVERLAP` switch the seed techniques (see `common::fa3::Techniques`).
 #[inline(always)]
 pub unsafe fn fwd<
@@ -58,12 +58,12 @@ pub unsafe fn fwd<
     [Frag; ON]: WgmmaAcc,
 {
     const {
-        let c = tile_config(D);
+        let c = tile_config_wgs(D, BLOCK_M / 64);
         assert!(c.block_m() == BLOCK_M && c.block_n == BLOCK_N && c.stages == STAGES);
         assert!(c.producer_regs(CLUSTER) == PRODUCER_REGS && c.consumer_regs(CLUSTER) == CONSUMER_REGS);
         assert!(SN as u32 * 8 == BLOCK_N && ON as u32 * 8 == D && PK as u32 * 16 == BLOCK_N && D % 64 == 0);
     };
-    let layout: SmemLayout = const { smem_layout(tile_config(D)) };
+    let layout: SmemLayout = const { smem_layout(tile_config_wgs(D, BLOCK_M / 64)) };
     let consumer_wgs = BLOCK_M / 64;
     let base = align_up(dynamic_smem_base(), 1024);
     let tid = sreg::thread_idx_x();
