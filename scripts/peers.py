@@ -5,7 +5,7 @@ Same grid, FLOP count and timing method as `fa3 bench`: batch = 16384 / seqlen,
 heads = 2048 / hdim, random normal inputs, median of --iters launches after --warmup,
 CUDA events. Writes CSV: impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops
 """
-import argparse, sys
+import argparse, sys, time
 import torch
 from torch.nn.attention import sdpa_kernel, SDPBackend
 import torch.nn.functional as F
@@ -17,12 +17,19 @@ p.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
 p.add_argument("--causal", default="both", choices=["off", "on", "both"])
 p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--iters", type=int, default=20)
+p.add_argument("--warmup-ms", type=int, default=1000, help="run attention this long first: the clocks ramp up under load")
 p.add_argument("--csv", required=True)
 a = p.parse_args()
 dt = torch.float16 if a.dtype == "f16" else torch.bfloat16
 backends = {"torch-fa2": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
 causals = {"off": [False], "on": [True], "both": [False, True]}[a.causal]
 rows = ["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops"]
+wq = torch.randn(1, 16, 16384, 128, device="cuda", dtype=dt)
+t0 = time.time()
+while time.time() - t0 < a.warmup_ms / 1000:
+    F.scaled_dot_product_attention(wq, wq, wq)
+    torch.cuda.synchronize()
+del wq
 for d in map(int, a.hdims.split(",")):
     for s in map(int, a.seqlens.split(",")):
         b, h = 16384 // s, 2048 // d
