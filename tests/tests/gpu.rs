@@ -39,6 +39,12 @@ struct Case {
 }
 
 impl Case {
+    /// `b = 2`, one query and key, 3 heads, packed, default schedule: the base the
+    /// cases below vary.
+    fn base(algo: Algo, dtype: DType, d: usize, causal: bool) -> Self {
+        Case { algo, dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, storage: Storage::Packed, schedule: Schedule::Auto }
+    }
+
     fn name(&self) -> String {
         let algo = match self.algo {
             Algo::Fa2 => "fa2",
@@ -77,19 +83,7 @@ fn cases() -> Vec<Case> {
         for dtype in DType::ALL {
             for d in [64, 128, 256] {
                 for causal in [false, true] {
-                    let base = Case {
-                        algo,
-                        dtype,
-                        d,
-                        b: 2,
-                        sq: 1,
-                        sk: 1,
-                        hq: 3,
-                        hk: 3,
-                        causal,
-                        storage: Storage::Packed,
-                        schedule: Schedule::Auto,
-                    };
+                    let base = Case::base(algo, dtype, d, causal);
                     for s in [1, 17, 1000] {
                         v.push(Case { sq: s, sk: s, ..base.clone() });
                     }
@@ -116,19 +110,8 @@ fn cases() -> Vec<Case> {
                 if schedule == Schedule::PersistentMulticast && (causal || d != 128) {
                     continue;
                 }
-                v.push(Case {
-                    algo: Algo::Fa3(Techniques::FULL),
-                    dtype: DType::BF16,
-                    d,
-                    b: 3,
-                    sq: 1500,
-                    sk: 1300,
-                    hq: 8,
-                    hk: 4,
-                    causal,
-                    storage: Storage::Packed,
-                    schedule,
-                });
+                let base = Case::base(Algo::Fa3(Techniques::FULL), DType::BF16, d, causal);
+                v.push(Case { b: 3, sq: 1500, sk: 1300, hq: 8, hk: 4, schedule, ..base });
             }
         }
     }
@@ -136,54 +119,20 @@ fn cases() -> Vec<Case> {
     // number of query blocks, so one CTA of the last pair of each head has no rows.
     for dtype in DType::ALL {
         for (sq, sk) in [(1, 1), (129, 700), (640, 333), (1000, 1000)] {
-            v.push(Case {
-                algo: Algo::Fa3(Techniques::FULL),
-                dtype,
-                d: 128,
-                b: 2,
-                sq,
-                sk,
-                hq: 4,
-                hk: 2,
-                causal: false,
-                storage: Storage::Packed,
-                schedule: Schedule::PersistentMulticast,
-            });
+            let base = Case::base(Algo::Fa3(Techniques::FULL), dtype, 128, false);
+            v.push(Case { sq, sk, hq: 4, hk: 2, schedule: Schedule::PersistentMulticast, ..base });
         }
     }
     // hdim 64 causal on both sides of the switch from 128-row (two consumer warpgroups)
     // to 192-row tiles.
     for sq in [1024, 1025] {
-        v.push(Case {
-            algo: Algo::Fa3(Techniques::FULL),
-            dtype: DType::F16,
-            d: 64,
-            b: 2,
-            sq,
-            sk: sq,
-            hq: 4,
-            hk: 2,
-            causal: true,
-            storage: Storage::Packed,
-            schedule: Schedule::Auto,
-        });
+        let base = Case::base(Algo::Fa3(Techniques::FULL), DType::F16, 64, true);
+        v.push(Case { sq, sk: sq, hq: 4, hk: 2, ..base });
     }
     // The FA3 ablation kernels (hdim 128, fp16) compute the same function.
     for t in [Techniques::NO_PINGPONG, Techniques::NO_OVERLAP, Techniques::NO_WARP_SPECIALIZATION] {
         for causal in [false, true] {
-            let base = Case {
-                algo: Algo::Fa3(t),
-                dtype: DType::F16,
-                d: 128,
-                b: 2,
-                sq: 1,
-                sk: 1,
-                hq: 3,
-                hk: 3,
-                causal,
-                storage: Storage::Packed,
-                schedule: Schedule::Auto,
-            };
+            let base = Case::base(Algo::Fa3(t), DType::F16, 128, causal);
             v.push(Case { sq: 17, sk: 17, ..base.clone() });
             v.push(Case { sq: 1000, sk: 1000, ..base.clone() });
             v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });

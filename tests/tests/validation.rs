@@ -22,13 +22,17 @@ struct Call {
 impl Call {
     /// A valid call: 2 x 300 x 8 x 128 queries, 2 x 500 x 2 x 128 keys (GQA 4), bf16.
     fn good() -> Self {
-        let (q, kv) = ([2, 300, 8, 128], [2, 500, 2, 128]);
+        Self::shaped([2, 300, 8, 128], [2, 500, 2, 128], DType::BF16)
+    }
+
+    /// A valid call with packed q (and out) of `q` and k, v of `kv`.
+    fn shaped(q: [usize; 4], kv: [usize; 4], dtype: DType) -> Self {
         Call {
-            q: packed(q, DType::BF16),
-            k: packed(kv, DType::BF16),
-            v: packed(kv, DType::BF16),
-            out: packed(q, DType::BF16),
-            lse: (BASE, 2 * 8 * 300),
+            q: packed(q, dtype),
+            k: packed(kv, dtype),
+            v: packed(kv, dtype),
+            out: packed(q, dtype),
+            lse: (BASE, q[0] * q[1] * q[2]),
             opts: AttnOptions::default(),
         }
     }
@@ -277,14 +281,7 @@ fn no_driver_is_an_error_not_a_crash() {
 
 #[test]
 fn hdim_64_tiles_have_192_query_rows() {
-    let mut c = Call::good();
-    let (q, kv) = ([2, 1000, 8, 64], [2, 500, 2, 64]);
-    c.q = packed(q, DType::BF16);
-    c.k = packed(kv, DType::BF16);
-    c.v = packed(kv, DType::BF16);
-    c.out = c.q;
-    c.lse.1 = 2 * 8 * 1000;
-    let plan = c.plan().unwrap();
+    let plan = Call::shaped([2, 1000, 8, 64], [2, 500, 2, 64], DType::BF16).plan().unwrap();
     // Three consumer warpgroups and a producer; ceil(1000 / 192) = 6 tiles per head.
     assert_eq!(plan.block, 512);
     assert_eq!(plan.grid, (6 * 8 * 2, 1, 1));
@@ -329,13 +326,7 @@ fn multicast_plans_pairs_of_query_blocks_in_whole_clusters() {
 
 #[test]
 fn hdim_64_short_causal_calls_use_128_row_tiles() {
-    let mut c = Call::good();
-    let (q, kv) = ([2, 1024, 8, 64], [2, 1024, 2, 64]);
-    c.q = packed(q, DType::F16);
-    c.k = packed(kv, DType::F16);
-    c.v = packed(kv, DType::F16);
-    c.out = c.q;
-    c.lse.1 = 2 * 8 * 1024;
+    let mut c = Call::shaped([2, 1024, 8, 64], [2, 1024, 2, 64], DType::F16);
     c.opts = AttnOptions::default().causal(true);
     let plan = c.plan().unwrap();
     assert_eq!((plan.kernel.name, plan.block), ("fa3_fwd_hdim64_f16_2wg", 384));
@@ -343,12 +334,7 @@ fn hdim_64_short_causal_calls_use_128_row_tiles() {
     // Longer causal calls and non-causal ones keep the 192-row tiles.
     c.opts = AttnOptions::default();
     assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim64_f16");
-    let (q, kv) = ([2, 1025, 8, 64], [2, 1025, 2, 64]);
-    c.q = packed(q, DType::F16);
-    c.k = packed(kv, DType::F16);
-    c.v = packed(kv, DType::F16);
-    c.out = c.q;
-    c.lse.1 = 2 * 8 * 1025;
+    let mut c = Call::shaped([2, 1025, 8, 64], [2, 1025, 2, 64], DType::F16);
     c.opts = AttnOptions::default().causal(true);
     assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim64_f16");
 }
