@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repo root, after scripts/device-prep.sh staged .device/.
 # usage: scripts/device.sh STEP...
-#   info smoke tests check bench peers table sass sanitize ablation
+#   info smoke tests check bench peers table sass sanitize ablation rounds
+# rounds: ROUNDS (3) alternating rounds of bench and peers; their medians become the
+# ours/peers CSVs that `table` reads.
 # Env: DTYPE (f16), ALGO (fa3), BENCH_ARGS, PEER_ARGS, TESTS_FILTER.
 # Results go to $OUT (default /tmp/fa3-out). Every step has a time limit so a hang
 # costs minutes, not the whole call.
@@ -31,6 +33,17 @@ for step in "$@"; do
       done
       python3 scripts/compare.py "$TMP"/ablation_*.csv "$OUT/peers_$DTYPE.csv" | tee "$OUT/ablation.md" ;;
     peers) timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$OUT/peers_$DTYPE.csv" ${PEER_ARGS:-} > "$TMP/peers_$DTYPE.log" 2>&1 || status=1; tail -n 2 "$TMP/peers_$DTYPE.log" ;;
+    rounds)
+      for r in $(seq "${ROUNDS:-3}"); do
+        timeout 300 $B/fa3 bench --dtype "$DTYPE" --algo "$ALGO" --csv "$TMP/ours_r$r.csv" ${BENCH_ARGS:-} > /dev/null || status=1
+        timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$TMP/peers_r$r.csv" ${PEER_ARGS:-} > /dev/null 2>&1 || status=1
+      done
+      # Every round's numbers, for the record (one file: $OUT keeps at most 8).
+      for f in "$TMP"/ours_r*.csv "$TMP"/peers_r*.csv; do
+        awk -v r="$(basename "$f" .csv)" 'NR > 1 { print r "," $0 }' "$f"
+      done > "$OUT/rounds_$DTYPE.csv"
+      python3 scripts/median.py "$OUT/ours_${ALGO}_$DTYPE.csv" "$TMP"/ours_r*.csv
+      python3 scripts/median.py "$OUT/peers_$DTYPE.csv" "$TMP"/peers_r*.csv ;;
     table) python3 scripts/compare.py "$OUT"/ours_*_"$DTYPE".csv "$OUT/peers_$DTYPE.csv" | tee "$OUT/table_$DTYPE.md" ;;
     sass)
       $B/fa3 ptx > "$TMP/kernels.ptx"
