@@ -11,6 +11,7 @@ use super::producer::Loader;
 use super::scheduler::Tile;
 use crate::element::{Element, a_fragment};
 use crate::ptx::barrier;
+use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::wgmma::{self, WgmmaAcc, fence_a_operand};
 use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
 use common::FwdParams;
@@ -67,6 +68,10 @@ pub struct Operands<const STAGES: u32> {
     pub q_desc: u64,
     pub k: TmaPipeline<STAGES>,
     pub v: TmaPipeline<STAGES>,
+    /// Q's "empty" barrier, released right after the tile's last QK^T (before its last PV
+    /// and the epilogue), so that the producer's load of the next tile's Q hides behind
+    /// them, as in FA3. `None` when O is staged in Q's buffer (released after the store).
+    pub q_empty: Option<Mbarrier>,
 }
 
 impl<const STAGES: u32> Operands<STAGES> {
@@ -156,10 +161,15 @@ struct Rings<'a, const STAGES: u32, const BLOCK_N: u32> {
 }
 
 impl<const STAGES: u32, const BLOCK_N: u32> Rings<'_, STAGES, BLOCK_N> {
-    /// Done with K of step `i`.
+    /// Done with K of step `i` (and, after the last step, with Q).
     #[inline(always)]
     fn release_k(&mut self, i: u32) {
         self.ops.k.consumer_release(*self.kst);
+        if i + 1 == self.tile.n_blocks {
+            if let Some(q_empty) = self.ops.q_empty {
+                q_empty.arrive();
+            }
+        }
         if self.refills && i + STAGES < self.tile.n_blocks {
             self.loader.load_k(self.tile, i + STAGES);
         }

@@ -197,7 +197,12 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
         [Frag; SN]: WgmmaAcc,
         [Frag; ON]: WgmmaAcc,
     {
-        let ops = Operands { q_desc: k_major_sw128(self.q.slot(0).add(cw * 64 * 128).0), k: self.k, v: self.v };
+        let ops = Operands {
+            q_desc: k_major_sw128(self.q.slot(0).add(cw * 64 * 128).0),
+            k: self.k,
+            v: self.v,
+            q_empty: if self.o_shares_q { None } else { Some(self.q.empty(0)) },
+        };
         let (mut qst, mut kst, mut vst) = (PipelineState::<1>::new(), PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
         while let Some(tile) = tiles.next_tile(p) {
             // Per-tile addresses are recomputed each tile rather than hoisted out of the
@@ -224,8 +229,8 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 loader,
                 is_loader,
             );
-            if !self.o_shares_q {
-                // This warpgroup's last QK^T is done: the producer may load the next Q.
+            if !self.o_shares_q && tile.n_blocks == 0 {
+                // No QK^T ran, so the mainloop did not release Q: do it here.
                 self.q.consumer_release(qst);
             }
             epilogue::store::<E, D, BLOCK_M, ON>(
