@@ -20,6 +20,8 @@ pub struct Timing {
     pub median_ms: f64,
     pub min_ms: f64,
     pub max_ms: f64,
+    /// Host time per call (validation, tensor maps, launch), averaged over the timed loop.
+    pub host_us: f64,
 }
 
 /// Times `iters` launches (each between its own pair of events) after `warmup` untimed ones.
@@ -41,12 +43,15 @@ pub fn time_forward(
     }
     let ctx = gpu.context();
     let mut events = Vec::with_capacity(iters);
+    let mut host = std::time::Duration::ZERO;
     for _ in 0..iters {
         // Timing events (cudarc's default disables timing).
         let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         start.record(stream)?;
+        let t0 = std::time::Instant::now();
         flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
+        host += t0.elapsed();
         end.record(stream)?;
         events.push((start, end));
     }
@@ -56,5 +61,10 @@ pub fn time_forward(
         .map(|(s, e)| s.elapsed_ms(e).map(f64::from))
         .collect::<std::result::Result<_, _>>()?;
     ms.sort_by(f64::total_cmp);
-    Ok(Timing { median_ms: ms[ms.len() / 2], min_ms: ms[0], max_ms: ms[ms.len() - 1] })
+    Ok(Timing {
+        median_ms: ms[ms.len() / 2],
+        min_ms: ms[0],
+        max_ms: ms[ms.len() - 1],
+        host_us: host.as_secs_f64() * 1e6 / iters as f64,
+    })
 }

@@ -414,7 +414,10 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
     let info = gpu.info();
     println!("# {} (sm_{}{}, {} SMs), {}, {}", info.name, info.major, info.minor, info.sm_count, dtype.name(), algo_name(algo));
     let mut rows = vec!["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops".to_string()];
-    println!("{:>5} {:>6} {:>5} {:>5} {:>6} {:>9} {:>8}", "hdim", "seqlen", "batch", "heads", "causal", "ms", "TFLOP/s");
+    println!(
+        "{:>5} {:>6} {:>5} {:>5} {:>6} {:>9} {:>8} {:>8}",
+        "hdim", "seqlen", "batch", "heads", "causal", "ms", "TFLOP/s", "host_us"
+    );
     const TOKENS: usize = 16384;
     const HIDDEN: usize = 2048;
     let mut r = rng(clock_seed());
@@ -448,7 +451,12 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
                 let opts = AttnOptions::default().causal(causal).algo(algo).schedule(schedule);
                 let t = time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, warmup, iters)?;
                 let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
-                println!("{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1}", causal as u8, t.median_ms);
+                println!(
+                    "{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1} {:>8.1}",
+                    causal as u8,
+                    t.median_ms,
+                    t.host_us
+                );
                 std::io::stdout().flush().ok();
                 rows.push(format!(
                     "rust-{},{},{hdim},{seqlen},{batch},{heads},{},{:.4},{tflops:.1}",
