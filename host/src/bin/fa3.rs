@@ -2,7 +2,7 @@
 use flash_attn3::bench::{fwd_flops, time_forward};
 use flash_attn3::check::check;
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng};
-use flash_attn3::{Algo, AttnError, AttnOptions, DType, DeviceTensor, Gpu, Schedule, flash_attn_func, flash_attn_func_into};
+use flash_attn3::{Algo, AttnError, AttnOptions, DType, DeviceTensor, Gpu, Schedule, flash_attn_func};
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
 use std::io::Write;
 use std::path::PathBuf;
@@ -30,7 +30,7 @@ USAGE:
       --schedule S     FA3 grid: auto (default), persistent, dynamic, multicast
                        (2-CTA clusters, hdim 128, non-causal), tile
   fa3 bench [--dtype f16|bf16] [--hdims 64,128,256] [--seqlens 512,...,16384]
-            [--causal off|on|both] [--warmup N] [--iters N] [--warmup-ms MS] [--csv FILE] [--device N]
+            [--causal off|on|both] [--warmup N] [--iters N] [--warmup-ms MS (per config, 1000)] [--csv FILE] [--device N]
             [--algo NAME] [--schedule auto|persistent|dynamic|multicast|tile]
             Times the forward pass over the FlashAttention-3 paper's grid
             (batch = 16384 / seqlen, heads = 2048 / hdim).
@@ -400,8 +400,7 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
     };
     let warmup: usize = a.parsed("--warmup")?.unwrap_or(5);
     let iters: usize = a.parsed("--iters")?.unwrap_or(20).max(1);
-    // The card's clocks ramp up under load: without this the first configs of a run read
-    // up to 8% low (measured on the H100 here).
+    // Sustained load before each timing (see `time_forward`).
     let warmup_ms: u64 = a.parsed("--warmup-ms")?.unwrap_or(1000);
     let csv: Option<PathBuf> = a.value("--csv")?.map(PathBuf::from);
     let device: usize = a.parsed("--device")?.unwrap_or(0);
@@ -430,17 +429,6 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
         .collect::<Result<_, _>>()?;
     let mut out = DeviceTensor::alloc(&stream, dtype, [1, TOKENS, 1, HIDDEN])?;
     let mut lse = stream.alloc_zeros::<f32>(TOKENS * HIDDEN / 64).map_err(AttnError::from)?;
-    {
-        let shape = [1, TOKENS, HIDDEN / 128, 128];
-        let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
-        let mut o = out.view_mut(shape);
-        let opts = AttnOptions::default().algo(algo);
-        let t0 = Instant::now();
-        while t0.elapsed().as_millis() < warmup_ms as u128 {
-            flash_attn_func_into(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts)?;
-            stream.synchronize().map_err(AttnError::from)?;
-        }
-    }
     for &hdim in &hdims {
         for &seqlen in &seqlens {
             let (batch, heads) = (TOKENS / seqlen, HIDDEN / hdim);
@@ -449,7 +437,7 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
                 let mut o = out.view_mut(shape);
                 let opts = AttnOptions::default().causal(causal).algo(algo).schedule(schedule);
-                let t = time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, warmup, iters)?;
+                let t = time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, warmup, warmup_ms, iters)?;
                 let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
                 println!(
                     "{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1} {:>8.1}",
