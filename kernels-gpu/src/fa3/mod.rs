@@ -1,9 +1,11 @@
 //! FlashAttention-3 forward for Hopper (sm_90a).
 //!
-//! - [`producer`]: TMA loads (Q per tile; K and V through their rings), one thread of a
+//! - [`producer`]: TMA loads (Q per tile; K and V through their rings, or in the multicast
+//!   kernels half of each K/V tile into both CTAs of a 2-CTA cluster), one thread of a
 //!   producer warpgroup that hands its registers back with `setmaxnreg.dec`;
-//! - [`mainloop`]: two consumer warpgroups (`setmaxnreg.inc`), 64 query rows each: SS WGMMA
-//!   for QK^T, online softmax, RS WGMMA for PV, intra-warpgroup overlap and pingpong;
+//! - [`mainloop`]: two or three consumer warpgroups (`setmaxnreg.inc`), 64 query rows
+//!   each: SS WGMMA for QK^T, online softmax, RS WGMMA for PV, intra-warpgroup overlap
+//!   (O rescaled under the QK GEMM) and round-robin pingpong;
 //! - [`epilogue`]: O through shared memory and a TMA store, LSE;
 //! - [`scheduler`]: tile order (one tile per CTA, or persistent with a static or a dynamic
 //!   order, the producer handing each tile to the consumers) and the key blocks a tile
