@@ -63,15 +63,20 @@ for step in "$@"; do
           # 1x200x2: one tile per CTA; 1x256x70: 140 causal tiles > 132 SMs, so CTAs claim
           # tiles from the counter (dynamic persistent schedule).
           for shape in 1x200x2x$d 1x256x70x$d; do
-            r=$(timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random $shape --causal --dtype f16 --algo "$ALGO" 2>&1 | grep -E "ERROR SUMMARY|error" | tail -1)
-            echo "$tool $shape: ${r:-no summary (rc $?)}"
+            timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random $shape --causal --dtype f16 --algo "$ALGO" > "$TMP/san.log" 2>&1
+            rc=$?
+            echo "$tool $shape: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$TMP/san.log" | tail -1) (rc $rc)"
+            [ $rc -eq 0 ] || echo "SANITIZER FAILED"
           done
         done
         # Non-causal hdim 128: 2-CTA clusters sharing K/V by multicast (3 query blocks:
         # one CTA of the second pair has no rows).
-        r=$(timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random 1x300x4x128 --heads-k 2 --dtype f16 --schedule multicast 2>&1 | grep -E "ERROR SUMMARY|error" | tail -1)
-        echo "$tool 1x300x4x128 multicast: ${r:-no summary (rc $?)}"
-      done | tee "$OUT/sanitize.log" ;;
+        timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random 1x300x4x128 --heads-k 2 --dtype f16 --schedule multicast > "$TMP/san.log" 2>&1
+        rc=$?
+        echo "$tool 1x300x4x128 multicast: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$TMP/san.log" | tail -1) (rc $rc)"
+        [ $rc -eq 0 ] || echo "SANITIZER FAILED"
+      done | tee "$OUT/sanitize.log"
+      ! grep -q "SANITIZER FAILED" "$OUT/sanitize.log" || status=1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

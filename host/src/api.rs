@@ -4,7 +4,7 @@ use crate::gpu::Gpu;
 use crate::plan::{AttnOptions, FwdPlan, TensorDesc, plan_forward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
 use common::{FwdParams, TmaDescriptors};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
 /// O and LSE of a forward pass.
@@ -101,10 +101,11 @@ fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
     }
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (plan.block, 1, 1), shared_mem_bytes: plan.smem_bytes };
     // Stream-ordered: allocated and zeroed before the launch, freed after it.
-    let counter = if plan.tile_counter { Some(stream.alloc_zeros::<u32>(1)?) } else { None };
+    let mut counter = if plan.tile_counter { Some(stream.alloc_zeros::<u32>(1)?) } else { None };
     let mut params = plan.params;
-    let _counter_sync = counter.as_ref().map(|c| {
-        let (ptr, sync) = c.device_ptr(stream);
+    // The kernel writes it (atomics): borrowed mutably.
+    let _counter_sync = counter.as_mut().map(|c| {
+        let (ptr, sync) = c.device_ptr_mut(stream);
         params.tile_counter = ptr;
         sync
     });

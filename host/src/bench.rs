@@ -56,6 +56,7 @@ pub fn time_forward(
         stream.synchronize()?;
     }
     let ctx = gpu.context();
+    let iters = iters.max(1);
     let mut events = Vec::with_capacity(iters);
     let mut host = std::time::Duration::ZERO;
     for _ in 0..iters {

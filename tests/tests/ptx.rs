@@ -54,9 +54,13 @@ fn fa3_kernels_use_hopper_instructions() -> Result<(), Failed> {
         if t.warp_specialized {
             needed.extend(["setmaxnreg.dec", "setmaxnreg.inc"]);
         }
-        // Pingpong's named-barrier turns (off by design at hdim 256, see common::fa3).
+        // Pingpong's named-barrier turns.
         if t.pingpong && common::fa3::kernel_config(k).pingpong {
             needed.push("bar.arrive");
+        }
+        // Cluster kernels: multicast copies, remote releases, cluster barriers and shape.
+        if k.cluster > 1 {
+            needed.extend(["multicast::cluster", "mapa.shared::cluster", "barrier.cluster.wait", ".reqnctapercluster"]);
         }
         if let Some(missing) = needed.iter().find(|n| !body.contains(*n)) {
             return Err(format!("{}: no `{missing}` in its PTX", k.name).into());

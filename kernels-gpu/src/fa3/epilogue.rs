@@ -11,7 +11,7 @@ use common::FwdParams;
 use common::gmma::sw128_offset;
 
 /// Named barrier ids 1..=3: the consumer warpgroups' epilogues.
-const EPILOGUE_BARRIER: u32 = 1;
+pub const EPILOGUE_BARRIER: u32 = 1;
 
 /// Writes one consumer warpgroup's 64 rows of O and LSE.
 ///

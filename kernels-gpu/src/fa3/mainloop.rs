@@ -19,7 +19,7 @@ use common::gmma::{k_major_sw128, mn_major_sw128};
 
 /// Named barriers 4.. (one per consumer warpgroup, after the epilogues' 1..=3): the
 /// warpgroups' turns to issue GEMMs.
-const PINGPONG_BARRIER: u32 = 4;
+pub const PINGPONG_BARRIER: u32 = 4;
 
 /// Inter-warpgroup GEMM ordering, round robin over the consumer warpgroups. Warpgroup w
 /// waits on its own barrier before issuing and arrives on the next one's after; the last

@@ -64,6 +64,10 @@ pub unsafe fn fwd<
         assert!(c.block_m() == BLOCK_M && c.block_n == BLOCK_N && c.stages == STAGES);
         assert!(c.producer_regs(CLUSTER) == PRODUCER_REGS && c.consumer_regs(CLUSTER) == CONSUMER_REGS);
         assert!(SN as u32 * 8 == BLOCK_N && ON as u32 * 8 == D && PK as u32 * 16 == BLOCK_N && D % 64 == 0);
+        // Named barrier ids: one per warpgroup for the epilogue, one per warpgroup for
+        // pingpong, all below 16 and not overlapping.
+        assert!(epilogue::EPILOGUE_BARRIER + BLOCK_M / 64 <= mainloop::PINGPONG_BARRIER);
+        assert!(mainloop::PINGPONG_BARRIER + BLOCK_M / 64 <= 16);
     };
     let layout: SmemLayout = const { smem_layout(tile_config_wgs(D, BLOCK_M / 64)) };
     let consumer_wgs = BLOCK_M / 64;
