@@ -16,6 +16,18 @@ DTYPE=${DTYPE:-f16}
 ALGO=${ALGO:-fa3}
 mkdir -p "$OUT"
 status=0
+
+# One compute-sanitizer run of `fa3 run ARGS...`: its summary line and exit status, and
+# "SANITIZER FAILED" when the status is not 0.
+sanitize_one() {
+  local tool=$1 label=$2
+  shift 2
+  timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 $B/fa3 run "$@" > "$TMP/san.log" 2>&1
+  local rc=$?
+  echo "$tool $label: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$TMP/san.log" | tail -1) (rc $rc)"
+  [ $rc -eq 0 ] || echo "SANITIZER FAILED"
+}
+
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
@@ -63,18 +75,12 @@ for step in "$@"; do
           # 1x200x2: one tile per CTA; 1x256x70: 140 causal tiles > 132 SMs, so CTAs claim
           # tiles from the counter (dynamic persistent schedule).
           for shape in 1x200x2x$d 1x256x70x$d; do
-            timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random $shape --causal --dtype f16 --algo "$ALGO" > "$TMP/san.log" 2>&1
-            rc=$?
-            echo "$tool $shape: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$TMP/san.log" | tail -1) (rc $rc)"
-            [ $rc -eq 0 ] || echo "SANITIZER FAILED"
+            sanitize_one $tool "$shape" --random $shape --causal --dtype f16 --algo "$ALGO"
           done
         done
         # Non-causal hdim 128: 2-CTA clusters sharing K/V by multicast (3 query blocks:
         # one CTA of the second pair has no rows).
-        timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/fa3 run --random 1x300x4x128 --heads-k 2 --dtype f16 --schedule multicast > "$TMP/san.log" 2>&1
-        rc=$?
-        echo "$tool 1x300x4x128 multicast: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$TMP/san.log" | tail -1) (rc $rc)"
-        [ $rc -eq 0 ] || echo "SANITIZER FAILED"
+        sanitize_one $tool "1x300x4x128 multicast" --random 1x300x4x128 --heads-k 2 --dtype f16 --schedule multicast
       done | tee "$OUT/sanitize.log"
       ! grep -q "SANITIZER FAILED" "$OUT/sanitize.log" || status=1 ;;
     *) echo "unknown step $step"; status=1 ;;

@@ -52,25 +52,16 @@ impl TileConfig {
         64 * self.consumer_wgs
     }
 
-    /// Registers per producer thread after `setmaxnreg.dec`, in clusters of `cluster`.
-    pub const fn producer_regs(&self, cluster: u32) -> u32 {
+    /// Registers per thread after `setmaxnreg`, (producer, consumers), in clusters of
+    /// `cluster` (FA3's splits: with two consumer warpgroups 128 * (24 + 2 * 240) = 64512,
+    /// with three 128 * (32 + 3 * 160) = 65536, of the 65536 per SM; the multicast kernels
+    /// 128 * (40 + 2 * 232) = 64512, since their producer issues half-tile loads per chunk
+    /// and spills on 24).
+    pub const fn register_split(&self, cluster: u32) -> (u32, u32) {
         match (self.consumer_wgs, cluster) {
-            (2, 1) => 24,
-            // The multicast producer issues half-tile loads per chunk: 24 registers spill.
-            (2, _) => 40,
-            _ => 32,
-        }
-    }
-
-    /// Registers per consumer thread after `setmaxnreg.inc` (FA3's splits: with two
-    /// consumer warpgroups 128 * (24 + 2 * 240) = 64512, with three
-    /// 128 * (32 + 3 * 160) = 65536, of the 65536 per SM; the multicast kernels
-    /// 128 * (40 + 2 * 232) = 64512).
-    pub const fn consumer_regs(&self, cluster: u32) -> u32 {
-        match (self.consumer_wgs, cluster) {
-            (2, 1) => 240,
-            (2, _) => 232,
-            _ => 160,
+            (2, 1) => (24, 240),
+            (2, _) => (40, 232),
+            _ => (32, 160),
         }
     }
 }
@@ -220,7 +211,7 @@ mod tests {
             let (hdim, cluster) = (k.hdim, k.cluster);
             {
                 let c = kernel_config(k);
-                let (producer, consumer) = (c.producer_regs(cluster), c.consumer_regs(cluster));
+                let (producer, consumer) = c.register_split(cluster);
                 let threads = threads(Techniques::FULL, c.consumer_wgs);
                 assert!(128 * (producer + c.consumer_wgs * consumer) <= 65536, "hdim {hdim}");
                 assert_eq!((producer % 8, consumer % 8), (0, 0));

@@ -62,7 +62,7 @@ pub unsafe fn fwd<
     const {
         let c = tile_config_wgs(D, BLOCK_M / 64);
         assert!(c.block_m() == BLOCK_M && c.block_n == BLOCK_N && c.stages == STAGES);
-        assert!(c.producer_regs(CLUSTER) == PRODUCER_REGS && c.consumer_regs(CLUSTER) == CONSUMER_REGS);
+        assert!(c.register_split(CLUSTER).0 == PRODUCER_REGS && c.register_split(CLUSTER).1 == CONSUMER_REGS);
         assert!(SN as u32 * 8 == BLOCK_N && ON as u32 * 8 == D && PK as u32 * 16 == BLOCK_N && D % 64 == 0);
         // Named barrier ids: one per warpgroup for the epilogue, one per warpgroup for
         // pingpong, all below 16 and not overlapping.
@@ -78,7 +78,6 @@ pub unsafe fn fwd<
     // In clusters of two (the multicast kernels, non-causal calls only), the CTAs share
     // K/V tiles: each loads half of every tile and multicasts it to both.
     const { assert!(CLUSTER == 1 || (CLUSTER == 2 && WS)) };
-    let cluster = CLUSTER;
     let rank = if CLUSTER > 1 { sreg::cluster_ctarank() } else { 0 };
     let (peer, multicast_rank) = if CLUSTER == 2 { (Some(rank ^ 1), Some(rank)) } else { (None, None) };
     let q = TmaPipeline::<1> { data: base.add(layout.q), stage_bytes: BLOCK_M * D * 2, barriers: bars, peer: None };
@@ -104,7 +103,7 @@ pub unsafe fn fwd<
         handoff.init(128 * consumer_wgs);
         mbarrier::fence_init();
     }
-    if cluster > 1 {
+    if CLUSTER > 1 {
         // The peer's producer and consumers use our barriers from here on.
         cluster::sync();
     } else {
@@ -133,7 +132,7 @@ pub unsafe fn fwd<
     };
     let wg = tid / 128;
     let thread_in_wg = tid % 128;
-    let order = TileOrder::<BLOCK_M, BLOCK_N>::new(&p, cluster, rank);
+    let order = TileOrder::<BLOCK_M, BLOCK_N>::new(&p, CLUSTER, rank);
     if WS {
         if wg == 0 {
             regs::dealloc::<PRODUCER_REGS>();
@@ -141,7 +140,7 @@ pub unsafe fn fwd<
                 loader.prefetch_descriptors();
                 // The producer claims each tile (dynamically when the host gave a
                 // counter), hands its number to the consumers, then loads it.
-                let mut claims = TileClaims::new(&p, cluster);
+                let mut claims = TileClaims::new(&p, CLUSTER);
                 let mut st = CountState::new();
                 loop {
                     let t = claims.current();
@@ -167,10 +166,10 @@ pub unsafe fn fwd<
         if tid == 0 {
             loader.prefetch_descriptors();
         }
-        let mut tiles = StaticTiles::new(order);
+        let mut tiles = StaticTiles::new(order, TileClaims::static_order(1));
         consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg, thread_in_wg, &mut loader, true);
     }
-    if cluster > 1 {
+    if CLUSTER > 1 {
         // Our shared memory and barriers stay alive until the peer is done with them.
         cluster::sync();
     }

@@ -72,22 +72,26 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     /// Loads K of step `i` into the next K slot (waits for it to be free).
     #[inline(always)]
     pub fn load_k(&mut self, tile: &Tile, i: u32) {
-        let mut st = self.k_state;
-        self.load_kv(self.map(1), &self.k, &mut st, tile, i);
-        self.k_state = st;
+        self.k_state = self.load_kv(self.map(1), &self.k, self.k_state, tile, i);
     }
 
     /// Loads V of step `i` into the next V slot (waits for it to be free).
     #[inline(always)]
     pub fn load_v(&mut self, tile: &Tile, i: u32) {
-        let mut st = self.v_state;
-        self.load_kv(self.map(2), &self.v, &mut st, tile, i);
-        self.v_state = st;
+        self.v_state = self.load_kv(self.map(2), &self.v, self.v_state, tile, i);
     }
 
+    /// Loads K or V (`map`, `ring`) of step `i` into slot `st`; returns the next position.
     #[inline(always)]
-    fn load_kv(&self, map: TensorMap, ring: &TmaPipeline<STAGES>, st: &mut PipelineState<STAGES>, tile: &Tile, i: u32) {
-        ring.producer_acquire(*st, self.leader);
+    fn load_kv(
+        &self,
+        map: TensorMap,
+        ring: &TmaPipeline<STAGES>,
+        mut st: PipelineState<STAGES>,
+        tile: &Tile,
+        i: u32,
+    ) -> PipelineState<STAGES> {
+        ring.producer_acquire(st, self.leader);
         let (slot, full) = (ring.slot(st.index()), ring.full(st.index()));
         let (row, head, batch) = (Self::key_row(tile, i), tile.head_k as i32, tile.batch as i32);
         match self.multicast_rank {
@@ -107,6 +111,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
             }
         }
         st.advance();
+        st
     }
 
     /// All loads of one tile, in consumption order (the warp-specialized producer).

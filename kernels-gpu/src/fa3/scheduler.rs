@@ -80,14 +80,17 @@ impl TileClaims {
     /// clusters no counter.
     #[inline(always)]
     pub fn new(p: &FwdParams, cluster: u32) -> Self {
+        // Constant-folded away in the cluster kernels, whose producer has no register to
+        // spare.
+        let counter = if cluster > 1 { 0 } else { p.tile_counter };
+        TileClaims { counter, ..Self::static_order(cluster) }
+    }
+
+    /// Every grid-th tile (of clusters of `cluster` CTAs), without a counter.
+    #[inline(always)]
+    pub fn static_order(cluster: u32) -> Self {
         let cluster = cluster.max(1);
-        TileClaims {
-            current: sreg::block_idx_x() / cluster,
-            stride: sreg::grid_dim_x() / cluster,
-            // Constant-folded away in the cluster kernels, whose producer has no register
-            // to spare.
-            counter: if cluster > 1 { 0 } else { p.tile_counter },
-        }
+        TileClaims { current: sreg::block_idx_x() / cluster, stride: sreg::grid_dim_x() / cluster, counter: 0 }
     }
 
     /// The tile this CTA works on now.
@@ -118,22 +121,23 @@ pub trait TileSource<const BLOCK_M: u32, const BLOCK_N: u32> {
 #[derive(Clone, Copy)]
 pub struct StaticTiles<const BLOCK_M: u32, const BLOCK_N: u32> {
     order: TileOrder<BLOCK_M, BLOCK_N>,
-    next: u32,
-    stride: u32,
+    claims: TileClaims,
 }
 
 impl<const BLOCK_M: u32, const BLOCK_N: u32> StaticTiles<BLOCK_M, BLOCK_N> {
+    /// `claims`: a static order ([`TileClaims::static_order`]); every thread advances its
+    /// own copy.
     #[inline(always)]
-    pub fn new(order: TileOrder<BLOCK_M, BLOCK_N>) -> Self {
-        StaticTiles { order, next: sreg::block_idx_x(), stride: sreg::grid_dim_x() }
+    pub fn new(order: TileOrder<BLOCK_M, BLOCK_N>, claims: TileClaims) -> Self {
+        StaticTiles { order, claims }
     }
 }
 
 impl<const BLOCK_M: u32, const BLOCK_N: u32> TileSource<BLOCK_M, BLOCK_N> for StaticTiles<BLOCK_M, BLOCK_N> {
     #[inline(always)]
     fn next_tile(&mut self, p: &FwdParams) -> Option<Tile> {
-        let t = self.next;
-        self.next = t.saturating_add(self.stride);
+        let t = self.claims.current();
+        self.claims.advance();
         if t < self.order.total { Some(self.order.tile(t, p)) } else { None }
     }
 }
