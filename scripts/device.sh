@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repo root, after scripts/device-prep.sh staged .device/.
 # usage: scripts/device.sh STEP...
-#   info smoke tests check bench peers table sass sanitize ablation rounds
+#   info smoke tests check bench peers table sass sanitize ablation rounds clocks
+# clocks: SM clock and board power while ours and cuDNN each run one config
+# (CLOCK_CONFIG, fa3 bench / peers.py arguments) for 4 s.
 # rounds: ROUNDS (3) alternating rounds of bench and peers; their medians become the
 # ours/peers CSVs that `table` reads.
 # Env: DTYPE (f16), ALGO (fa3), BENCH_ARGS, PEER_ARGS, TESTS_FILTER.
@@ -83,6 +85,31 @@ for step in "$@"; do
         sanitize_one $tool "1x300x4x128 multicast" --random 1x300x4x128 --heads-k 2 --dtype f16 --schedule multicast
       done | tee "$OUT/sanitize.log"
       ! grep -q "SANITIZER FAILED" "$OUT/sanitize.log" || status=1 ;;
+    clocks)
+      cfg=${CLOCK_CONFIG:---hdims 128 --seqlens 4096 --causal off}
+      (while true; do echo "$(date +%s.%N),$(nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits)"; sleep 0.1; done) > "$TMP/smi.csv" &
+      sampler=$!
+      echo "ours,$(date +%s.%N)" > "$TMP/marks.csv"
+      timeout 60 $B/fa3 bench $cfg --warmup-ms 4000 --csv "$TMP/clk_ours.csv" > /dev/null || status=1
+      echo "idle,$(date +%s.%N)" >> "$TMP/marks.csv"
+      sleep 3
+      echo "cudnn,$(date +%s.%N)" >> "$TMP/marks.csv"
+      timeout 120 python3 scripts/peers.py --backends torch-cudnn $cfg --warmup-ms 4000 --csv "$TMP/clk_cudnn.csv" > /dev/null 2>&1 || status=1
+      echo "end,$(date +%s.%N)" >> "$TMP/marks.csv"
+      kill $sampler
+      python3 - "$TMP/marks.csv" "$TMP/smi.csv" "$TMP/clk_ours.csv" "$TMP/clk_cudnn.csv" <<'PY' | tee "$OUT/clocks.txt"
+import csv, statistics, sys
+marks = [(n, float(t)) for n, t in csv.reader(open(sys.argv[1]))]
+smi = [(float(t), float(c), float(p)) for t, c, p in csv.reader(open(sys.argv[2])) if p.strip()[0].isdigit()]
+tf = {r["impl"]: r["tflops"] for f in sys.argv[3:] for r in csv.DictReader(open(f))}
+for (name, t0), (_, t1) in zip(marks, marks[1:]):
+    # The loaded steady state: the last 3 s of the 4 s run (torch's start-up comes before).
+    s = [x for x in smi if max(t0, t1 - 3.2) <= x[0] <= t1 - 0.2]
+    if s:
+        print(f"{name:6} {len(s):3} samples: SM clock median {statistics.median(x[1] for x in s):.0f} MHz, power median {statistics.median(x[2] for x in s):.0f} W")
+print("TFLOP/s:", tf)
+PY
+      ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

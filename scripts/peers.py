@@ -18,10 +18,12 @@ p.add_argument("--causal", default="both", choices=["off", "on", "both"])
 p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--iters", type=int, default=20)
 p.add_argument("--warmup-ms", type=int, default=1000, help="per config and backend, run it this long before timing (as fa3 bench: under sustained load the card reaches its power cap and its clock drops)")
+p.add_argument("--backends", default="torch-fa2,torch-cudnn")
 p.add_argument("--csv", required=True)
 a = p.parse_args()
 dt = torch.float16 if a.dtype == "f16" else torch.bfloat16
 backends = {"torch-fa2": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
+backends = {n: backends[n] for n in a.backends.split(",")}
 causals = {"off": [False], "on": [True], "both": [False, True]}[a.causal]
 rows = ["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops"]
 

@@ -22,9 +22,11 @@ use common::gmma::{k_major_sw128, mn_major_sw128};
 pub const PINGPONG_BARRIER: u32 = 4;
 
 /// Inter-warpgroup GEMM ordering, round robin over the consumer warpgroups. Warpgroup w
-/// waits on its own barrier before issuing and arrives on the next one's after; the last
-/// warpgroup gives warpgroup 0 the first turn and skips its very last arrival, so that
-/// every barrier ends balanced.
+/// waits on its own barrier before issuing and arrives on the next one's after. The turns
+/// run on across tiles: the last warpgroup's final turn of a tile hands warpgroup 0 its
+/// first turn of the next, so no warpgroup waits for another's epilogue. Once per CTA,
+/// [`PingPong::start`] gives warpgroup 0 its very first turn and [`PingPong::finish`]
+/// takes the last warpgroup's final arrival, so that every barrier ends balanced.
 #[derive(Clone, Copy)]
 pub struct PingPong {
     pub enabled: bool,
@@ -38,10 +40,19 @@ impl PingPong {
         self.wg + 1 == self.wgs
     }
 
+    /// Before this warpgroup's first tile.
     #[inline(always)]
-    fn start(self, turns: u32) {
-        if self.enabled && self.is_last() && turns > 0 {
+    pub fn start(self) {
+        if self.enabled && self.is_last() {
             barrier::named_arrive(PINGPONG_BARRIER, 256);
+        }
+    }
+
+    /// After this warpgroup's last tile.
+    #[inline(always)]
+    pub fn finish(self) {
+        if self.enabled && self.wg == 0 {
+            barrier::named_sync(PINGPONG_BARRIER, 256);
         }
     }
 
@@ -53,8 +64,8 @@ impl PingPong {
     }
 
     #[inline(always)]
-    fn end(self, last: bool) {
-        if self.enabled && !(self.is_last() && last) {
+    fn end(self) {
+        if self.enabled {
             let next = if self.is_last() { 0 } else { self.wg + 1 };
             barrier::named_arrive(PINGPONG_BARRIER + next, 256);
         }
@@ -246,13 +257,12 @@ where
         // for step i-1's new row max while QK_i runs (no wgmma holds O then), just before
         // PV_{i-1} accumulates into it, as in FA3; so only the P conversion sits between a
         // PV landing and the next GEMMs.
-        pingpong.start(n + 1);
         ops.k.consumer_wait(*rings.kst);
         pingpong.begin();
         fence_before_gemms(&mut s, &mut o, &mut pf);
         qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
         wgmma::commit();
-        pingpong.end(false);
+        pingpong.end();
         wgmma::wait::<0>();
         s.fence_operand();
         rings.release_k(0);
@@ -272,7 +282,7 @@ where
             ops.v.consumer_wait(*rings.vst);
             pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
             wgmma::commit();
-            pingpong.end(false);
+            pingpong.end();
             // S_i landed; PV_{i-1} may still run while the softmax does.
             wgmma::wait::<1>();
             s.fence_operand();
@@ -291,21 +301,20 @@ where
         fence_before_gemms(&mut s, &mut o, &mut pf);
         pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
         wgmma::commit();
-        pingpong.end(true);
+        pingpong.end();
         wgmma::wait::<0>();
         o.fence_operand();
         // Also moves the ring on: its position carries over to the next tile.
         rings.release_v(n - 1);
     } else {
         // n GEMM turns: QK_i; then softmax, PV_i, serially.
-        pingpong.start(n);
         for i in 0..n {
             ops.k.consumer_wait(*rings.kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);
             qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
             wgmma::commit();
-            pingpong.end(i + 1 == n);
+            pingpong.end();
             wgmma::wait::<0>();
             s.fence_operand();
             rings.release_k(i);

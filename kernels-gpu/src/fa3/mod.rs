@@ -209,6 +209,8 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
             q_empty: if self.o_shares_q { None } else { Some(self.q.empty(0)) },
         };
         let (mut qst, mut kst, mut vst) = (PipelineState::<1>::new(), PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
+        let pingpong = PingPong { enabled: PINGPONG, wg: cw, wgs: BLOCK_M / 64 };
+        pingpong.start();
         while let Some(tile) = tiles.next_tile(p) {
             // Per-tile addresses are recomputed each tile rather than hoisted out of the
             // tile loop, where they would pin dozens of registers.
@@ -226,7 +228,7 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 p,
                 &tile,
                 &ops,
-                PingPong { enabled: PINGPONG, wg: cw, wgs: BLOCK_M / 64 },
+                pingpong,
                 cw,
                 thread_in_wg,
                 &mut kst,
@@ -251,6 +253,7 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
             );
             qst.advance();
         }
+        pingpong.finish();
         epilogue::drain(thread_in_wg);
     }
 }

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# A/B timing of kernel variants on the GPU machine: each variant is a `fa3` binary in
+# .device/exp/NAME/ (built by scripts/ab-prep.sh); ROUNDS rounds run every variant in turn
+# (so drift in clock or temperature hits all alike), then cuDNN/FA2 once unless PEERS=0.
+# usage: VARIANTS="base exp" [ROUNDS=2] [BENCH_ARGS=...] [PEER_ARGS=...] [LABEL=ab] scripts/ab.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/fa3-out}
+LABEL=${LABEL:-ab}
+TMP=$(mktemp -d)
+mkdir -p "$OUT"
+status=0
+for r in $(seq "${ROUNDS:-2}"); do
+  for v in $VARIANTS; do
+    timeout 300 .device/exp/"$v"/fa3 bench --dtype "${DTYPE:-f16}" --csv "$TMP/$v.r$r.csv" ${BENCH_ARGS:-} > /dev/null || { echo "$v round $r failed"; status=1; }
+  done
+done
+peers=()
+if [ "${PEERS:-1}" = 1 ]; then
+  timeout 300 python3 scripts/peers.py --dtype "${DTYPE:-f16}" --csv "$TMP/peers.csv" ${PEER_ARGS:-} > /dev/null 2>&1 || status=1
+  peers=("$TMP/peers.csv")
+fi
+python3 scripts/ab.py "$TMP"/*.r*.csv "${peers[@]}" | tee "$OUT/${LABEL}.md"
+# Every round, for the record.
+for f in "$TMP"/*.r*.csv; do awk -v v="$(basename "$f" .csv)" 'NR > 1 { print v "," $0 }' "$f"; done > "$OUT/${LABEL}_rounds.csv"
+exit $status
