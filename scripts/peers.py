@@ -5,7 +5,7 @@ Same grid, FLOP count and timing method as `fa3 bench`: batch = 16384 / seqlen,
 heads = 2048 / hdim, random normal inputs, median of --iters launches after --warmup,
 CUDA events. Writes CSV: impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops
 """
-import argparse, sys, time
+import argparse, math, sys, time
 import torch
 from torch.nn.attention import sdpa_kernel, SDPBackend
 import torch.nn.functional as F
@@ -18,6 +18,7 @@ p.add_argument("--causal", default="both", choices=["off", "on", "both"])
 p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--iters", type=int, default=20)
 p.add_argument("--warmup-ms", type=int, default=1000, help="per config and backend, run it this long before timing (as fa3 bench: under sustained load the card reaches its power cap and its clock drops)")
+p.add_argument("--timing-ms", type=int, default=300, help="time at least --iters calls and as many as span this long (as fa3 bench)")
 p.add_argument("--backends", default="torch-fa2,torch-cudnn")
 p.add_argument("--csv", required=True)
 a = p.parse_args()
@@ -39,18 +40,21 @@ for d in map(int, a.hdims.split(",")):
                         for _ in range(a.warmup):
                             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                         torch.cuda.synchronize()
-                        t0 = time.time()
-                        while time.time() - t0 < a.warmup_ms / 1000:
+                        t0, calls = time.time(), 0
+                        while time.time() - t0 < max(a.warmup_ms, 1) / 1000:
                             for _ in range(8):
                                 F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             torch.cuda.synchronize()
-                        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(a.iters)]
+                            calls += 8
+                        per_call_ms = (time.time() - t0) * 1e3 / calls
+                        iters = max(a.iters, min(20000, math.ceil(a.timing_ms / per_call_ms)))
+                        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
                         for st, en in ev:
                             st.record()
                             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             en.record()
                         torch.cuda.synchronize()
-                    ms = sorted(st.elapsed_time(en) for st, en in ev)[a.iters // 2]
+                    ms = sorted(st.elapsed_time(en) for st, en in ev)[iters // 2]
                     tf = flops / (ms * 1e-3) / 1e12
                     rows.append(f"{name},{a.dtype},{d},{s},{b},{h},{int(causal)},{ms:.4f},{tf:.1f}")
                     print(f"{name:12} d={d:3} s={s:5} causal={int(causal)} {ms:8.4f} ms {tf:6.1f} TFLOP/s", flush=True)

@@ -24,8 +24,11 @@ pub struct Timing {
     pub host_us: f64,
 }
 
-/// Times `iters` launches (each between its own pair of events) after at least `warmup`
-/// untimed ones and `warmup_ms` of back-to-back launches of this same call: under
+/// Times at least `iters` launches, and as many as span `timing_ms` (each between its
+/// own pair of events; the median is kept), after at least `warmup` untimed ones and
+/// `warmup_ms` of back-to-back launches of this same call. The span matters because the
+/// capped clock wanders by several percent over tens of milliseconds: 20 launches of a
+/// 0.2 ms call sample one moment of it. Under
 /// sustained load the H100 here runs into its power cap within a second and its clock
 /// falls from 1980 to ~1400-1550 MHz, so a short burst after idle measures a different
 /// card than a long run (docs/perf.md). Timing every config in that steady state makes
@@ -43,20 +46,24 @@ pub fn time_forward(
     warmup: usize,
     warmup_ms: u64,
     iters: usize,
+    timing_ms: u64,
 ) -> Result<Timing> {
     for _ in 0..warmup {
         flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
     }
     let t0 = std::time::Instant::now();
-    while t0.elapsed().as_millis() < warmup_ms as u128 {
+    let mut calls = 0u64;
+    while t0.elapsed().as_millis() < warmup_ms.max(1) as u128 {
         // Batches keep the GPU busy between the host's checks of the clock.
         for _ in 0..8 {
             flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
         }
         stream.synchronize()?;
+        calls += 8;
     }
+    let per_call_ms = t0.elapsed().as_secs_f64() * 1e3 / calls as f64;
     let ctx = gpu.context();
-    let iters = iters.max(1);
+    let iters = iters.max(1).max((timing_ms as f64 / per_call_ms).ceil().min(20_000.0) as usize);
     let mut events = Vec::with_capacity(iters);
     let mut host = std::time::Duration::ZERO;
     for _ in 0..iters {
