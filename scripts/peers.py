@@ -2,8 +2,9 @@
 """Times PyTorch SDPA's FlashAttention-2 and cuDNN backends on the FA3 paper's grid.
 
 Same grid, FLOP count and timing method as `fa3 bench`: batch = 16384 / seqlen,
-heads = 2048 / hdim, random normal inputs, median of --iters launches after --warmup,
-CUDA events. Writes CSV: impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops
+heads = 2048 / hdim, random normal inputs, CUDA events; after --warmup launches and
+--warmup-ms of sustained load, the median of at least --iters launches spanning
+--timing-ms. Writes CSV: impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops
 """
 import argparse, math, sys, time
 import torch

@@ -166,7 +166,7 @@ pub unsafe fn fwd<
         if tid == 0 {
             loader.prefetch_descriptors();
         }
-        let mut tiles = StaticTiles::new(order, TileClaims::static_order(1));
+        let mut tiles = StaticTiles::new(order);
         consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg, thread_in_wg, &mut loader, true);
     }
     if CLUSTER > 1 {

@@ -125,11 +125,10 @@ pub struct StaticTiles<const BLOCK_M: u32, const BLOCK_N: u32> {
 }
 
 impl<const BLOCK_M: u32, const BLOCK_N: u32> StaticTiles<BLOCK_M, BLOCK_N> {
-    /// `claims`: a static order ([`TileClaims::static_order`]); every thread advances its
-    /// own copy.
+    /// Every grid-th tile, without a counter; every thread advances its own copy.
     #[inline(always)]
-    pub fn new(order: TileOrder<BLOCK_M, BLOCK_N>, claims: TileClaims) -> Self {
-        StaticTiles { order, claims }
+    pub fn new(order: TileOrder<BLOCK_M, BLOCK_N>) -> Self {
+        StaticTiles { order, claims: TileClaims::static_order(1) }
     }
 }
 
