@@ -27,6 +27,12 @@ impl Techniques {
     pub const NO_WARP_SPECIALIZATION: Self = Techniques { warp_specialized: false, ..Self::FULL };
 }
 
+/// Lazy rescaling (FlashAttention-4): the kernels keep a row's running max, and skip the
+/// rescale of the output accumulator, while the row's scores exceed it by at most this
+/// much in `exp2` units (`(s - max) * softmax_scale * log2 e <= 8`), so the unnormalised
+/// probabilities stay at most 256. Shared with the CPU model of the algorithm.
+pub const RESCALE_THRESHOLD_LOG2: f32 = 8.0;
+
 /// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
 pub const TMA_PARAM_BYTES: u32 = 4 * 128;
 
@@ -63,6 +69,16 @@ impl TileConfig {
             (2, _) => (40, 232),
             _ => (32, 160),
         }
+    }
+
+    /// Whether a consumer warpgroup skips a tile's leading key blocks that are masked
+    /// for all of its rows (past its causal diagonal, or all blocks for rows past the
+    /// sequence end). Only where tiles and key blocks differ in size (hdim 64's 192-row
+    /// tiles, hdim 256's 80-key blocks) does a warpgroup of a causal tile have such
+    /// blocks; with square 128 x 128 tiles it always sees part of the last one, and the
+    /// bookkeeping cost 2-3% at hdim 128, 1k-2k (docs/perf.md, v7).
+    pub const fn skips_masked_blocks(&self) -> bool {
+        self.block_m() != self.block_n
     }
 }
 

@@ -195,11 +195,29 @@ impl FwdParams {
             }
         }
     }
+
+    /// How many leading key blocks of `block_n` keys some query row in `[row0, row0 + rows)`
+    /// may attend (rows past `seqlen_q` attend nothing). A consumer warpgroup of a tile
+    /// skips the tile's blocks past this count: they are masked for all of its rows.
+    #[inline(always)]
+    pub fn visible_blocks(&self, row0: u32, rows: u32, block_n: u32) -> u32 {
+        if row0 >= self.seqlen_q || rows == 0 {
+            return 0;
+        }
+        let last_row = (row0 + rows).min(self.seqlen_q) - 1;
+        let mut limit = self.seqlen_k as i64;
+        if let Some(off) = self.causal_offset() {
+            limit = limit.min(last_row as i64 + off as i64 + 1);
+        }
+        (limit.max(0) as u32).div_ceil(block_n)
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::format;
 
     fn params(seqlen_q: u32, seqlen_k: u32, causal: bool) -> FwdParams {
         FwdParams { seqlen_q, seqlen_k, causal: causal as u32, kv_group: 4, ..Default::default() }
@@ -224,6 +242,35 @@ mod tests {
         assert_eq!(p.n_blocks(4, 128, 128), 0, "rows 512..639 see nothing");
         assert_eq!(p.n_blocks(5, 128, 128), 1, "row 767 sees keys 0..67");
         assert_eq!(p.n_blocks(7, 128, 128), 3, "never past the last key block");
+    }
+
+    /// Brute force over small shapes: no key that any row of the range may attend lies in a
+    /// block past the count (skipping them loses nothing), and some row attends a key of the
+    /// last counted block (the count is tight).
+    #[test]
+    fn visible_blocks_are_the_tight_prefix_the_rows_attend() {
+        for causal in [false, true] {
+            for (sq, sk) in [(1, 1), (5, 9), (9, 5), (17, 17), (40, 23), (23, 40), (64, 64)] {
+                let p = params(sq, sk, causal);
+                let sees = |r: u32, c: u32| {
+                    r < sq && c < sk && p.causal_offset().is_none_or(|off| c as i64 <= r as i64 + off as i64)
+                };
+                for (row0, rows) in [(0, 1), (0, 8), (3, 5), (8, 8), (16, 16), (32, 64), (60, 8)] {
+                    for block_n in [1, 4, 8, 16] {
+                        let v = p.visible_blocks(row0, rows, block_n);
+                        let seen = |b: u32| (b * block_n..(b + 1) * block_n).any(|c| (row0..row0 + rows).any(|r| sees(r, c)));
+                        let ctx = format!("sq {sq} sk {sk} causal {causal} rows {row0}+{rows} block_n {block_n}");
+                        assert!((v..sk.div_ceil(block_n) + 1).all(|b| !seen(b)), "skips an attended key: {ctx} -> {v}");
+                        assert!(v == 0 || seen(v - 1), "not tight: {ctx} -> {v}");
+                    }
+                }
+            }
+        }
+        // A 192-row causal tile at rows 0..191 visits key blocks 0 and 1 of 128 keys: its
+        // first 64 rows see only block 0, its last 64 rows both.
+        let p = params(1024, 1024, true);
+        assert_eq!((p.n_blocks(0, 192, 128), p.visible_blocks(0, 64, 128), p.visible_blocks(128, 64, 128)), (2, 1, 2));
+        assert_eq!(params(1000, 1000, false).visible_blocks(1024, 64, 128), 0, "padding rows");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! `j <= i + seqlen_k - seqlen_q`. A row that sees no key gets O = 0 and LSE = +inf.
 use crate::tensor::round_to;
 use common::DType;
+use common::fa3::RESCALE_THRESHOLD_LOG2;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rand_distr::{Distribution, Normal};
 
@@ -193,11 +194,15 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
     })
 }
 
-/// Tile shape of [`attention_tiled`].
+/// Tile shape of [`attention_tiled`], and its rescaling rule.
 #[derive(Clone, Copy, Debug)]
 pub struct Tiling {
     pub block_m: usize,
     pub block_n: usize,
+    /// Keep a row's running max until its scores exceed it by more than
+    /// [`RESCALE_THRESHOLD_LOG2`] (the FA3 kernels' lazy rescaling); else move it with
+    /// every new maximum.
+    pub lazy_rescale: bool,
 }
 
 /// The FlashAttention-2 forward algorithm, in f32, exactly as the kernels run it:
@@ -210,7 +215,7 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
     let (_, sq, sk, hq, hk, d) = p.dims();
     let scale_log2 = p.scale * std::f32::consts::LOG2_E;
     let off = sk as i64 - sq as i64;
-    let Tiling { block_m, block_n } = tiling;
+    let Tiling { block_m, block_n, lazy_rescale } = tiling;
     let round = |x: f32| p_dtype.map_or(x, |t| round_to(t, x));
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
@@ -240,11 +245,15 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
                 })
                 .collect();
             let m_new = s.iter().cloned().fold(m, f32::max);
-            let m_scaled = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new * scale_log2 };
-            let alpha = if m == f32::NEG_INFINITY { 1.0 } else { (m * scale_log2 - m_scaled).exp2() };
-            m = m_new;
-            l *= alpha;
-            acc.iter_mut().for_each(|a| *a *= alpha);
+            let moves = !lazy_rescale || m_new * scale_log2 > m.mul_add(scale_log2, RESCALE_THRESHOLD_LOG2);
+            let m_scaled = |m: f32| if m == f32::NEG_INFINITY { 0.0 } else { m * scale_log2 };
+            if moves {
+                let alpha = if m == f32::NEG_INFINITY { 1.0 } else { (m * scale_log2 - m_scaled(m_new)).exp2() };
+                m = m_new;
+                l *= alpha;
+                acc.iter_mut().for_each(|a| *a *= alpha);
+            }
+            let m_scaled = m_scaled(m);
             for (j, &sj) in cols.zip(&s) {
                 let pj = (sj * scale_log2 - m_scaled).exp2();
                 l += pj;

@@ -5,7 +5,14 @@
 //!
 //! Scores stay unscaled in the tile; the scale is folded into the `exp2` argument
 //! (`softmax_scale * log2 e`), as in FlashAttention-2.
-use crate::ptx::math::{exp2, fma, fmax, ln, rcp, shfl_xor_f32};
+//!
+//! Lazy rescaling (FlashAttention-4's, here on Hopper): a warp keeps its rows' running
+//! maxima while none of them grows by more than [`RESCALE_THRESHOLD_LOG2`] (in `exp2`
+//! units), so that the output accumulator is rescaled only when some row's maximum
+//! jumps. It stays exact: the probabilities are then at most `2^threshold` (256, well
+//! within f16 and bf16), and the sum and the output are normalised by the same stale max.
+use crate::ptx::math::{exp2, fma, fmax, ln, rcp, shfl_xor_f32, vote_any};
+pub use common::fa3::RESCALE_THRESHOLD_LOG2;
 
 /// An n-tile of the C fragment: `[c0, c1, c2, c3]` = row g cols 2t,2t+1; row g+8 cols 2t,2t+1.
 pub type Frag = [f32; 4];
@@ -18,6 +25,10 @@ pub struct OnlineSoftmax {
     /// This lane's partial sum of `exp2((s - max) * scale_log2)`; quad-reduced at the end.
     pub row_sum: [f32; 2],
 }
+
+/// Keep a warp's row maxima until one grows by more than [`RESCALE_THRESHOLD_LOG2`]. A
+/// compile-time switch so that its worth can be measured.
+pub const LAZY_RESCALE: bool = true;
 
 #[inline(always)]
 fn quad_max(v: f32) -> f32 {
@@ -44,45 +55,60 @@ impl OnlineSoftmax {
         OnlineSoftmax { row_max: [f32::NEG_INFINITY; 2], row_sum: [0.0; 2] }
     }
 
-    /// Folds a new score block in: replaces `s` by `exp2((s - max) * scale_log2)` with the
-    /// updated row maxima and returns, per row, the factor the output accumulator must be
-    /// multiplied by (`exp2((old_max - new_max) * scale_log2)`, 1 on the first block).
+    /// Folds a new score block in: replaces `s` by `exp2((s - max) * scale_log2)` and
+    /// returns, when the row maxima moved, the factor per row that the output accumulator
+    /// must be multiplied by (`exp2((old_max - new_max) * scale_log2)`, 1 on the first
+    /// block). `None`: the maxima were kept (see the module's lazy rescaling), and the
+    /// accumulator stays as it is.
     #[inline(always)]
-    pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32) -> [f32; 2] {
-        let mut alpha = [1.0f32; 2];
+    pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32) -> Option<[f32; 2]> {
+        let mut m = self.row_max;
+        for (r, m) in m.iter_mut().enumerate() {
+            for f in s.iter() {
+                *m = fmax(*m, fmax(f[2 * r], f[2 * r + 1]));
+            }
+            *m = quad_max(*m);
+        }
+        // `-inf` old maxima always move (to any finite max); `-inf` new maxima never do.
+        let grows = |r: usize| m[r] * scale_log2 > fma(self.row_max[r], scale_log2, RESCALE_THRESHOLD_LOG2);
+        let alpha = if !LAZY_RESCALE || vote_any(grows(0) || grows(1)) {
+            let mut alpha = [1.0f32; 2];
+            for r in 0..2 {
+                // A row that had no key yet has a zero sum and accumulator: any finite factor works.
+                if self.row_max[r] != f32::NEG_INFINITY {
+                    alpha[r] = exp2(fma(self.row_max[r], scale_log2, -scaled_max(m[r], scale_log2)));
+                }
+                self.row_sum[r] *= alpha[r];
+            }
+            self.row_max = m;
+            Some(alpha)
+        } else {
+            None
+        };
         for r in 0..2 {
-            let mut m = self.row_max[r];
-            for j in 0..NT {
-                m = fmax(m, fmax(s[j][2 * r], s[j][2 * r + 1]));
-            }
-            let m = quad_max(m);
-            let m_scaled = scaled_max(m, scale_log2);
-            // A row that had no key yet has a zero sum and accumulator: any finite factor works.
-            if self.row_max[r] != f32::NEG_INFINITY {
-                alpha[r] = exp2(fma(self.row_max[r], scale_log2, -m_scaled));
-            }
-            self.row_max[r] = m;
+            let m_scaled = scaled_max(self.row_max[r], scale_log2);
             let mut sum = 0.0f32;
-            for j in 0..NT {
+            for f in s.iter_mut() {
                 for e in 0..2 {
-                    let p = exp2(fma(s[j][2 * r + e], scale_log2, -m_scaled));
-                    s[j][2 * r + e] = p;
+                    let p = exp2(fma(f[2 * r + e], scale_log2, -m_scaled));
+                    f[2 * r + e] = p;
                     sum += p;
                 }
             }
-            self.row_sum[r] = fma(self.row_sum[r], alpha[r], sum);
+            self.row_sum[r] += sum;
         }
         alpha
     }
 
-    /// Multiplies each row of an output accumulator by its factor.
+    /// Multiplies each row of an output accumulator by its factor, if any.
     #[inline(always)]
-    pub fn rescale<const DT: usize>(o: &mut [Frag; DT], alpha: [f32; 2]) {
-        for j in 0..DT {
-            o[j][0] *= alpha[0];
-            o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1];
-            o[j][3] *= alpha[1];
+    pub fn rescale<const DT: usize>(o: &mut [Frag; DT], alpha: Option<[f32; 2]>) {
+        let Some(alpha) = alpha else { return };
+        for f in o.iter_mut() {
+            f[0] *= alpha[0];
+            f[1] *= alpha[0];
+            f[2] *= alpha[1];
+            f[3] *= alpha[1];
         }
     }
 

@@ -32,6 +32,7 @@ struct Case {
     std: f32,
     block_m: usize,
     block_n: usize,
+    lazy_rescale: bool,
     seed: u64,
 }
 
@@ -39,9 +40,9 @@ fn cases() -> impl Strategy<Value = Case> {
     (
         (1usize..3, 1usize..80, 1usize..80, 1usize..3, 1usize..4, prop::sample::select(vec![4usize, 8, 16, 32])),
         (any::<bool>(), prop::sample::select(vec![0.05f32, 0.25, 1.0, 8.0, 40.0]), prop::sample::select(vec![0.5f32, 1.0, 3.0])),
-        (1usize..70, 1usize..70, any::<u64>()),
+        (1usize..70, 1usize..70, any::<bool>(), any::<u64>()),
     )
-        .prop_map(|((b, sq, sk, hk, group, d), (causal, scale, std), (block_m, block_n, seed))| Case {
+        .prop_map(|((b, sq, sk, hk, group, d), (causal, scale, std), (block_m, block_n, lazy_rescale, seed))| Case {
             b,
             sq,
             sk,
@@ -53,6 +54,7 @@ fn cases() -> impl Strategy<Value = Case> {
             std,
             block_m,
             block_n,
+            lazy_rescale,
             seed,
         })
 }
@@ -62,7 +64,8 @@ proptest! {
 
     /// The FlashAttention-2 algorithm (tiles, online softmax in base 2, one final rescale,
     /// causal tiles skipped) computes exact attention, for any tile shape, with seqlen_q
-    /// != seqlen_k, GQA, and logits up to a few hundred in magnitude.
+    /// != seqlen_k, GQA, and logits up to a few hundred in magnitude; with the output
+    /// rescaled on every new maximum or lazily (only on jumps past the threshold).
     #[test]
     fn tiled_online_softmax_equals_exact_attention(c in cases()) {
         let hq = c.hk * c.group;
@@ -71,7 +74,7 @@ proptest! {
         let v = randn([c.b, c.sk, c.hk, c.d], c.seed ^ 2, 1.0);
         let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: c.scale };
         let exact = attention_f64(&p);
-        let tiled = attention_tiled(&p, Tiling { block_m: c.block_m, block_n: c.block_n }, None);
+        let tiled = attention_tiled(&p, Tiling { block_m: c.block_m, block_n: c.block_n, lazy_rescale: c.lazy_rescale }, None);
         let o_err = max_abs_err(&tiled.o, &exact.o);
         // f32 rounds the exponent argument s * scale * log2(e) to ~|arg| * 2^-24; that
         // relative error of the weights reaches O through the V values.
@@ -174,7 +177,7 @@ fn rows_without_keys_give_zero_output_and_infinite_lse() {
     let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.25 };
     let empty_rows = sq - sk; // rows 0..14 see no key
     let exact = attention_f64(&p);
-    let tiled = attention_tiled(&p, Tiling { block_m: 8, block_n: 4 }, None);
+    let tiled = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
     let naive = attention_lowp(&p, DType::F16);
     for h in 0..2 {
         for i in 0..sq {
@@ -201,14 +204,14 @@ fn extreme_and_constant_logits_stay_finite_and_exact() {
     for scale in [100.0f32, 1000.0] {
         let p = Problem { q: &q, k: &k, v: &v, causal: false, scale };
         let exact = attention_f64(&p);
-        let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16 }, None);
+        let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16, lazy_rescale: true }, None);
         assert!(tiled.o.iter().all(|x| x.is_finite()));
         assert!(max_abs_err(&tiled.o, &exact.o) < 5e-5);
     }
     // q = 0: every score is 0, weights uniform, O = mean of visible V rows, LSE = ln(n).
     let zeros = HostTensor::new([1, s, 1, d], vec![0.0; s * d]);
     let p = Problem { q: &zeros, k: &k, v: &v, causal: true, scale: 1.0 };
-    let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16 }, None);
+    let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16, lazy_rescale: true }, None);
     for i in [0usize, 9, 69] {
         let n = i + 1;
         let mean: f32 = (0..n).map(|j| v.data[j * d]).sum::<f32>() / n as f32;
@@ -218,6 +221,30 @@ fn extreme_and_constant_logits_stay_finite_and_exact() {
 }
 
 /// Without a mask, permuting the keys (with their values) changes nothing.
+/// Scores that climb all along the sequence (by ~1 in exp2 units a key, 200 in all):
+/// lazy rescaling must still move the max every few keys, else `exp2` overflows f32; and
+/// between moves the probabilities reach 2^8 without losing accuracy.
+#[test]
+fn lazy_rescaling_is_exact_when_the_max_keeps_climbing() {
+    let (s, d) = (200, 16);
+    let q = HostTensor::new([1, s, 1, d], vec![1.0; s * d]);
+    let k = HostTensor::new([1, s, 1, d], (0..s * d).map(|i| (i / d) as f32 * 0.7 / d as f32).collect());
+    let v = randn([1, s, 1, d], 41, 1.0);
+    for causal in [false, true] {
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 };
+        let exact = attention_f64(&p);
+        // The f32 rounding of exponent arguments up to ~200 (as in the property above).
+        let max_v = v.data.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
+        let bound = 2e-5 + 4.0 * 200.0 * f64::powi(2.0, -23) * max_v;
+        for block_n in [1, 7, 64] {
+            let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n, lazy_rescale: true }, None);
+            let err = max_abs_err(&tiled.o, &exact.o);
+            assert!(err < bound, "causal {causal} block_n {block_n}: O error {err:e} > {bound:e}");
+            assert!(max_abs_err(&tiled.lse, &exact.lse) < 1e-4);
+        }
+    }
+}
+
 #[test]
 fn output_is_invariant_under_key_permutation() {
     let (s, d) = (23, 8);

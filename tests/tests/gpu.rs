@@ -7,7 +7,9 @@
 //! `FA3_REQUIRE_GPU=1` turns that into a failure (for runs that must not skip).
 use flash_attn3::check::check;
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, rng};
-use flash_attn3::{Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into};
+use flash_attn3::{
+    Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into, round_to,
+};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 
@@ -36,13 +38,30 @@ struct Case {
     /// Not `Auto`: the case also checks that the output is bit-identical to one tile per
     /// CTA (a tile's result must not depend on which CTA computed it, or when).
     schedule: Schedule,
+    /// Keys scaled up towards the sequence start (x1 at the end, x7 at the start): in the
+    /// FA3 kernels' order (last key block first) every row's max climbs past the lazy
+    /// rescaling threshold several times, so the accumulator must be rescaled mid-row.
+    climbing: bool,
 }
 
 impl Case {
     /// `b = 2`, one query and key, 3 heads, packed, default schedule: the base the
     /// cases below vary.
     fn base(algo: Algo, dtype: DType, d: usize, causal: bool) -> Self {
-        Case { algo, dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, storage: Storage::Packed, schedule: Schedule::Auto }
+        Case {
+            algo,
+            dtype,
+            d,
+            b: 2,
+            sq: 1,
+            sk: 1,
+            hq: 3,
+            hk: 3,
+            causal,
+            storage: Storage::Packed,
+            schedule: Schedule::Auto,
+            climbing: false,
+        }
     }
 
     fn name(&self) -> String {
@@ -54,7 +73,7 @@ impl Case {
             Algo::Fa3(_) => "fa3nows",
         };
         format!(
-            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}",
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}",
             algo,
             self.dtype.name(),
             self.d,
@@ -65,6 +84,7 @@ impl Case {
             self.hk,
             if self.causal { "causal" } else { "full" },
             if self.storage == Storage::Strided { "_strided" } else { "" },
+            if self.climbing { "_climbing" } else { "" },
             match self.schedule {
                 Schedule::Auto => "",
                 Schedule::Persistent => "_persistent",
@@ -92,6 +112,7 @@ fn cases() -> Vec<Case> {
                     v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, ..base.clone() });
                     v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
                     v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, storage: Storage::Strided, ..base.clone() });
+                    v.push(Case { sq: 700, sk: 1000, hq: 2, hk: 1, climbing: true, ..base.clone() });
                 }
             }
         }
@@ -192,7 +213,14 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
     let mut r = rng(seed);
     let q = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
-    let k = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
+    let mut k = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
+    if c.climbing {
+        let row = c.hk * c.d;
+        for (i, x) in k.data.iter_mut().enumerate() {
+            let j = (i / row) % c.sk;
+            *x = round_to(c.dtype, *x * (1.0 + 6.0 * (c.sk - 1 - j) as f32 / c.sk as f32));
+        }
+    }
     let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
     let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt() };
 

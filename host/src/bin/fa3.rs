@@ -348,7 +348,7 @@ fn cpu_demo(causal: bool, seed: u64) -> CliResult<()> {
     let k = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let v = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt() };
-    let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64 }, None);
+    let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
     let err = max_abs_err(&tiled.o, &exact.o);
     let lse_err = max_abs_err(&tiled.lse, &exact.lse);

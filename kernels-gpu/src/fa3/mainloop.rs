@@ -10,11 +10,12 @@ use super::pipeline::{PipelineState, TmaPipeline};
 use super::producer::Loader;
 use super::scheduler::Tile;
 use crate::element::{Element, a_fragment};
-use crate::ptx::barrier;
+use crate::ptx::{barrier, math};
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::wgmma::{self, WgmmaAcc, fence_a_operand};
 use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
 use common::FwdParams;
+use common::fa3::tile_config_wgs;
 use common::gmma::{k_major_sw128, mn_major_sw128};
 
 /// Named barriers 4.. (one per consumer warpgroup, after the epilogues' 1..=3): the
@@ -134,28 +135,39 @@ fn fence_before_gemms<S: WgmmaAcc, O: WgmmaAcc, const PK: usize>(s: &mut S, o: &
 
 /// Where this thread's scores need masking, and the softmax step.
 #[derive(Clone, Copy)]
-struct Masker {
+struct Masker<'a> {
+    p: &'a FwdParams,
     n: u32,
     wg_row0: i32,
     row_g: i32,
     col_2t: i32,
-    seqlen_k: i32,
-    causal: Option<i32>,
-    scale_log2: f32,
 }
 
-impl Masker {
+impl Masker<'_> {
+    /// The first step this warpgroup computes: the tile's leading steps visit key blocks
+    /// masked for all of its 64 rows (past its causal diagonal, or every block when its rows
+    /// are past `seqlen_q`), which cost it no GEMM and no softmax.
+    #[inline(always)]
+    fn first_step<const BLOCK_N: u32>(&self) -> u32 {
+        let visible = self.p.visible_blocks(self.wg_row0 as u32, 64, BLOCK_N);
+        // Warpgroup-uniform already; the broadcast lets ptxas see it, so that the loops
+        // bounded by it keep their wgmma asynchronous.
+        math::shfl_broadcast_u32(self.n - visible.min(self.n))
+    }
+
     /// Masks (only blocks that cross the sequence end or this warpgroup's diagonal) and
     /// folds the scores of step `i` (key block `n - 1 - i`) into the softmax.
     #[inline(always)]
-    fn step<const SN: usize, const BLOCK_N: u32>(&self, s: &mut [Frag; SN], sm: &mut OnlineSoftmax, i: u32) -> [f32; 2] {
+    fn step<const SN: usize, const BLOCK_N: u32>(&self, s: &mut [Frag; SN], sm: &mut OnlineSoftmax, i: u32) -> Option<[f32; 2]> {
         let n0 = ((self.n - 1 - i) * BLOCK_N) as i32;
-        let needs_mask = n0 + BLOCK_N as i32 > self.seqlen_k
-            || self.causal.is_some_and(|off| n0 + BLOCK_N as i32 - 1 > self.wg_row0 + off);
+        let seqlen_k = self.p.seqlen_k as i32;
+        let causal = self.p.causal_offset();
+        let needs_mask =
+            n0 + BLOCK_N as i32 > seqlen_k || causal.is_some_and(|off| n0 + BLOCK_N as i32 - 1 > self.wg_row0 + off);
         if needs_mask {
-            apply_mask(s, self.row_g, n0 + self.col_2t, self.seqlen_k, self.causal);
+            apply_mask(s, self.row_g, n0 + self.col_2t, seqlen_k, causal);
         }
-        sm.update(s, self.scale_log2)
+        sm.update(s, self.p.scale_log2)
     }
 }
 
@@ -239,21 +251,43 @@ where
     let lane = thread_in_wg % 32;
     let wg_row0 = tile.m_block * BLOCK_M + wg * 64;
     let masker = Masker {
+        p,
         n,
         wg_row0: wg_row0 as i32,
         row_g: (wg_row0 + (thread_in_wg / 32) * 16 + lane / 4) as i32,
         col_2t: 2 * (lane % 4) as i32,
-        seqlen_k: p.seqlen_k as i32,
-        causal: p.causal_offset(),
-        scale_log2: p.scale_log2,
     };
 
     let mut s = [[0.0f32; 4]; SN];
     let mut pf = [[0u32; 4]; PK];
     let mut rings = Rings { ops, kst, vst, loader, refills: is_loader, tile };
 
+    // Skipped steps still move the rings on and take their GEMM turn, so that every
+    // warpgroup takes the same number of turns per tile (n + 1 with the overlap, n without).
+    // Not without warp specialization: there a release refills the ring and blocks until
+    // the other warpgroups released the slot too, which they do only after turns that
+    // would wait for ours (the ablation's hdim 128 skips no block anyway).
+    let skips = const { tile_config_wgs(D, BLOCK_M / 64).skips_masked_blocks() };
+    let first = if is_loader || !skips { 0 } else { masker.first_step::<BLOCK_N>() };
+    for i in 0..first {
+        ops.k.consumer_wait(*rings.kst);
+        ops.v.consumer_wait(*rings.vst);
+        pingpong.begin();
+        pingpong.end();
+        rings.release_k(i);
+        rings.release_v(i);
+    }
+    if first == n {
+        if OVERLAP {
+            pingpong.begin();
+            pingpong.end();
+        }
+        return (o, softmax);
+    }
+
     if OVERLAP {
-        // n + 1 GEMM turns: QK_0; (QK_i, PV_{i-1}) for i in 1..n; PV_{n-1}. O is rescaled
+        // n - first + 1 GEMM turns: QK_first; (QK_i, PV_{i-1}) for i in first+1..n; PV_{n-1}.
+        // O is rescaled
         // for step i-1's new row max while QK_i runs (no wgmma holds O then), just before
         // PV_{i-1} accumulates into it, as in FA3; so only the P conversion sits between a
         // PV landing and the next GEMMs.
@@ -265,12 +299,12 @@ where
         pingpong.end();
         wgmma::wait::<0>();
         s.fence_operand();
-        rings.release_k(0);
-        // O is still zero: step 0's factor is not needed.
-        masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, 0);
-        let mut alpha = [1.0f32; 2];
+        rings.release_k(first);
+        // O is still zero: the first step's factor is not needed.
+        masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, first);
+        let mut alpha = None;
         pf = to_p::<E, SN, PK>(&s);
-        for i in 1..n {
+        for i in first + 1..n {
             ops.k.consumer_wait(*rings.kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);
@@ -307,8 +341,8 @@ where
         // Also moves the ring on: its position carries over to the next tile.
         rings.release_v(n - 1);
     } else {
-        // n GEMM turns: QK_i; then softmax, PV_i, serially.
-        for i in 0..n {
+        // n - first GEMM turns: QK_i; then softmax, PV_i, serially.
+        for i in first..n {
             ops.k.consumer_wait(*rings.kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);

@@ -248,7 +248,8 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 &o,
                 &softmax,
                 cw,
-                thread_in_wg,
+                // Its staging addresses too: hoisted, they cost registers the mainloop needs.
+                opaque_u32(thread_in_wg),
                 if self.o_shares_q { Some(self.q.empty(0)) } else { None },
             );
             qst.advance();

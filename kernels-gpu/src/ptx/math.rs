@@ -1,4 +1,4 @@
-//! Scalar math and warp shuffles used by the softmax.
+//! Scalar math, warp shuffles and votes used by the softmax.
 use core::arch::asm;
 
 /// `2^x`, approximate (the SFU's `ex2`), denormals flushed. `exp2(-inf) = 0`.
@@ -57,6 +57,19 @@ pub fn shfl_broadcast_u32(v: u32) -> u32 {
     // SAFETY: all 32 lanes take part (callers keep the warp converged).
     unsafe { asm!("shfl.sync.idx.b32 {0}, {1}, 0, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, options(nomem, nostack)) };
     r
+}
+
+/// Whether `p` holds in any lane of the warp (the same answer in every lane, which ptxas
+/// also knows: a branch on it is warp-uniform).
+#[inline(always)]
+pub fn vote_any(p: bool) -> bool {
+    let r: u32;
+    // SAFETY: all 32 lanes take part (callers keep the warp converged).
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {1}, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 {0}, 1, 0, q; }}",
+             out(reg32) r, in(reg32) p as u32, options(nomem, nostack))
+    };
+    r != 0
 }
 
 /// Packs two `f32` into `f16x2` (round to nearest even); `lo` in the low half.
