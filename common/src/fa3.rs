@@ -90,8 +90,8 @@ pub const fn tile_config(hdim: u32) -> TileConfig {
     tile_config_wgs(hdim, if hdim == 64 { 3 } else { 2 })
 }
 
-/// Tile shape of a head dim with `consumer_wgs` consumer warpgroups (hdim 64 also has a
-/// two-warpgroup kernel: 128-row tiles waste less on short causal calls).
+/// Tile shape of a head dim with `consumer_wgs` consumer warpgroups (the kernels use
+/// [`tile_config`]'s; others are for experiments).
 pub const fn tile_config_wgs(hdim: u32, consumer_wgs: u32) -> TileConfig {
     match hdim {
         64 => TileConfig { hdim, consumer_wgs, block_n: 128, stages: 2, pingpong: true },
@@ -182,19 +182,16 @@ macro_rules! fa3_entries {
 /// where both CTAs visit the same key blocks).
 pub const MULTICAST_CLUSTER: u32 = 2;
 
-/// The FA3 kernels: every head dim and dtype with all techniques, hdim 64 also with two
-/// consumer warpgroups (short causal calls), the 2-CTA multicast
+/// The FA3 kernels: every head dim and dtype with all techniques, the 2-CTA multicast
 /// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
 /// multicast producer too few), plus the ablation variants at hdim 128 fp16.
-pub const KERNELS: [KernelEntry; 13] = fa3_entries! {
+pub const KERNELS: [KernelEntry; 11] = fa3_entries! {
     "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, cluster 1;
     "fa3_fwd_hdim128_f16" => 128, F16, FULL, wgs 2, cluster 1;
     "fa3_fwd_hdim256_f16" => 256, F16, FULL, wgs 2, cluster 1;
     "fa3_fwd_hdim64_bf16" => 64, BF16, FULL, wgs 3, cluster 1;
     "fa3_fwd_hdim128_bf16" => 128, BF16, FULL, wgs 2, cluster 1;
     "fa3_fwd_hdim256_bf16" => 256, BF16, FULL, wgs 2, cluster 1;
-    "fa3_fwd_hdim64_f16_2wg" => 64, F16, FULL, wgs 2, cluster 1;
-    "fa3_fwd_hdim64_bf16_2wg" => 64, BF16, FULL, wgs 2, cluster 1;
     "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, wgs 2, cluster 2;
     "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, wgs 2, cluster 2;
     "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, wgs 2, cluster 1;

@@ -89,13 +89,11 @@ pub const KERNELS: [KernelEntry; 6 + fa3::KERNELS.len()] = {
     all
 };
 
-/// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none;
-/// `consumer_wgs`: FA3 consumer warpgroups, `None` for the head dim's default).
-pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, consumer_wgs: Option<u32>) -> Option<&'static KernelEntry> {
-    let wgs = match (algo, consumer_wgs) {
-        (Algo::Fa2, _) => 0,
-        (_, Some(w)) => w,
-        (_, None) => fa3::tile_config(hdim).consumer_wgs,
+/// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none).
+pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32) -> Option<&'static KernelEntry> {
+    let wgs = match algo {
+        Algo::Fa2 => 0,
+        Algo::Fa3(_) => fa3::tile_config(hdim).consumer_wgs,
     };
     KERNELS
         .iter()

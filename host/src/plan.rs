@@ -106,9 +106,6 @@ pub fn block_threads(k: &KernelEntry) -> u32 {
     }
 }
 
-/// Longest causal query sequence at hdim 64 that runs the two-warpgroup kernel.
-const SHORT_CAUSAL_HDIM64: usize = 1024;
-
 /// Largest grid y/z extent.
 const MAX_GRID_YZ: usize = 65_535;
 /// Sequence lengths are indexed with i32 in the kernels (with room for tile overrun).
@@ -226,12 +223,8 @@ pub fn plan_forward(
         (s, _) => s,
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
-    // hdim 64 runs 192-row tiles, except short causal calls, where 128-row tiles waste
-    // less work on the diagonal and the sequence end (measured +6-7% at seqlen 512-1k,
-    // -9% at 2k).
-    let wgs = (hdim == 64 && opts.causal && seqlen_q <= SHORT_CAUSAL_HDIM64 && cluster == 1).then_some(2);
     let kernel =
-        common::find_kernel(algo, hdim as u32, q.dtype, cluster, wgs).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
+        common::find_kernel(algo, hdim as u32, q.dtype, cluster).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let params = FwdParams {
         q: q.addr,
         k: k.addr,

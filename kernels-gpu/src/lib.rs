@@ -84,8 +84,6 @@ fa3_entry!(fa3_fwd_hdim256_f16, F16, 256, wgs: 2, cluster: 1, ws: true, pingpong
 fa3_entry!(fa3_fwd_hdim64_bf16, BF16, 64, wgs: 3, cluster: 1, ws: true, pingpong: true, overlap: true);
 fa3_entry!(fa3_fwd_hdim128_bf16, BF16, 128, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: true);
 fa3_entry!(fa3_fwd_hdim256_bf16, BF16, 256, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim64_f16_2wg, F16, 64, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim64_bf16_2wg, BF16, 64, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: true);
 fa3_entry!(fa3_fwd_hdim128_f16_multicast, F16, 128, wgs: 2, cluster: 2, ws: true, pingpong: true, overlap: true);
 fa3_entry!(fa3_fwd_hdim128_bf16_multicast, BF16, 128, wgs: 2, cluster: 2, ws: true, pingpong: true, overlap: true);
 fa3_entry!(fa3_fwd_hdim128_f16_nopingpong, F16, 128, wgs: 2, cluster: 1, ws: true, pingpong: false, overlap: true);
