@@ -287,10 +287,9 @@ where
 
     if OVERLAP {
         // n - first + 1 GEMM turns: QK_first; (QK_i, PV_{i-1}) for i in first+1..n; PV_{n-1}.
-        // O is rescaled
-        // for step i-1's new row max while QK_i runs (no wgmma holds O then), just before
-        // PV_{i-1} accumulates into it, as in FA3; so only the P conversion sits between a
-        // PV landing and the next GEMMs.
+        // When step i-1 moved the row maxima (lazy rescaling: rarely), O is rescaled while
+        // QK_i runs (no wgmma holds O then), just before PV_{i-1} accumulates into it, as
+        // in FA3; so only the P conversion sits between a PV landing and the next GEMMs.
         ops.k.consumer_wait(*rings.kst);
         pingpong.begin();
         fence_before_gemms(&mut s, &mut o, &mut pf);
