@@ -184,14 +184,7 @@ impl FwdParams {
     /// diagonal (none if even that row sees no key).
     #[inline(always)]
     pub fn n_blocks(&self, m_block: u32, block_m: u32, block_n: u32) -> u32 {
-        let total = self.seqlen_k.div_ceil(block_n);
-        match self.causal_offset() {
-            None => total,
-            Some(off) => {
-                let last_key = (m_block * block_m + block_m - 1) as i32 + off;
-                if last_key < 0 { 0 } else { total.min(last_key as u32 / block_n + 1) }
-            }
-        }
+        self.blocks_through_row(m_block * block_m + block_m - 1, block_n)
     }
 
     /// How many leading key blocks of `block_n` keys some query row in `[row0, row0 + rows)`
@@ -202,12 +195,20 @@ impl FwdParams {
         if row0 >= self.seqlen_q || rows == 0 {
             return 0;
         }
-        let last_row = (row0 + rows).min(self.seqlen_q) - 1;
-        let mut limit = self.seqlen_k as i64;
-        if let Some(off) = self.causal_offset() {
-            limit = limit.min(last_row as i64 + off as i64 + 1);
+        self.blocks_through_row((row0 + rows).min(self.seqlen_q) - 1, block_n)
+    }
+
+    /// Key blocks that query row `last_row` (and so any row before it) can see.
+    #[inline(always)]
+    fn blocks_through_row(&self, last_row: u32, block_n: u32) -> u32 {
+        let total = self.seqlen_k.div_ceil(block_n);
+        match self.causal_offset() {
+            None => total,
+            Some(off) => {
+                let last_key = last_row as i32 + off;
+                if last_key < 0 { 0 } else { total.min(last_key as u32 / block_n + 1) }
+            }
         }
-        (limit.max(0) as u32).div_ceil(block_n)
     }
 }
 

@@ -246,14 +246,14 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
                 .collect();
             let m_new = s.iter().cloned().fold(m, f32::max);
             let moves = !lazy_rescale || m_new * scale_log2 > m.mul_add(scale_log2, RESCALE_THRESHOLD_LOG2);
-            let m_scaled = |m: f32| if m == f32::NEG_INFINITY { 0.0 } else { m * scale_log2 };
+            let scaled = |m: f32| if m == f32::NEG_INFINITY { 0.0 } else { m * scale_log2 };
             if moves {
-                let alpha = if m == f32::NEG_INFINITY { 1.0 } else { (m * scale_log2 - m_scaled(m_new)).exp2() };
+                let alpha = if m == f32::NEG_INFINITY { 1.0 } else { (m * scale_log2 - scaled(m_new)).exp2() };
                 m = m_new;
                 l *= alpha;
                 acc.iter_mut().for_each(|a| *a *= alpha);
             }
-            let m_scaled = m_scaled(m);
+            let m_scaled = scaled(m);
             for (j, &sj) in cols.zip(&s) {
                 let pj = (sj * scale_log2 - m_scaled).exp2();
                 l += pj;

@@ -12,7 +12,7 @@
 //! jumps. It stays exact: the probabilities are then at most `2^threshold` (256, well
 //! within f16 and bf16), and the sum and the output are normalised by the same stale max.
 use crate::ptx::math::{exp2, fma, fmax, ln, rcp, shfl_xor_f32, vote_any};
-pub use common::fa3::RESCALE_THRESHOLD_LOG2;
+use common::fa3::RESCALE_THRESHOLD_LOG2;
 
 /// An n-tile of the C fragment: `[c0, c1, c2, c3]` = row g cols 2t,2t+1; row g+8 cols 2t,2t+1.
 pub type Frag = [f32; 4];
