@@ -9,7 +9,7 @@
 //! Lazy rescaling (FlashAttention-4's, here on Hopper): a warp keeps its rows' running
 //! maxima while none of them grows by more than [`RESCALE_THRESHOLD_LOG2`] (in `exp2`
 //! units), so that the output accumulator is rescaled only when some row's maximum
-//! jumps. It stays exact: the probabilities are then at most `2^threshold` (256, well
+//! jumps. It stays exact: the probabilities are then at most `2^threshold` (4, well
 //! within f16 and bf16), and the sum and the output are normalised by the same stale max.
 use crate::ptx::math::{exp2, fma, fmax, ln, rcp, shfl_xor_f32, vote_any};
 use common::fa3::RESCALE_THRESHOLD_LOG2;
