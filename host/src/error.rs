@@ -59,7 +59,7 @@ pub enum AttnError {
     /// No kernel of the requested family for this head dim and dtype (the FA3 ablation
     /// variants exist for hdim 128 fp16 only).
     NoKernel { algo: common::Algo, hdim: usize, dtype: DType },
-    /// `softmax_scale` is NaN or infinite.
+    /// `softmax_scale` is NaN, infinite or negative.
     InvalidScale(f32),
     /// The options ask for something the chosen kernel cannot do.
     Unsupported(String),
@@ -109,7 +109,7 @@ impl fmt::Display for AttnError {
             NoKernel { algo, hdim, dtype } => {
                 write!(f, "no {algo:?} kernel for head dim {hdim} and {}", dtype.name())
             }
-            InvalidScale(s) => write!(f, "softmax_scale must be finite, got {s}"),
+            InvalidScale(s) => write!(f, "softmax_scale must be finite and non-negative, got {s}"),
             Unsupported(m) => write!(f, "unsupported option: {m}"),
             HostData(m) => write!(f, "host data: {m}"),
         }

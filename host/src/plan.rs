@@ -193,7 +193,9 @@ pub fn plan_forward(
         return Err(AttnError::Misaligned { arg: Arg::Lse, detail: format!("address {:#x} is not 4-byte aligned", lse.0) });
     }
     let scale = opts.softmax_scale.unwrap_or(1.0 / (hdim as f32).sqrt());
-    if !scale.is_finite() {
+    // The kernels keep running maxima of the scaled scores as the max of the raw ones
+    // times the scale: a negative scale would turn them into minima (and overflow exp2).
+    if !scale.is_finite() || scale < 0.0 {
         return Err(AttnError::InvalidScale(scale));
     }
     if seqlen_q > MAX_SEQLEN || seqlen_k > MAX_SEQLEN {

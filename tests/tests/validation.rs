@@ -254,11 +254,16 @@ fn oversized_launches_are_rejected() {
 }
 
 #[test]
-fn non_finite_scale_is_rejected() {
-    for s in [f32::NAN, f32::INFINITY] {
+fn non_finite_or_negative_scale_is_rejected() {
+    for s in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.125, -f32::MIN_POSITIVE] {
         let mut c = Call::good();
         c.opts = c.opts.softmax_scale(s);
         assert!(matches!(c.err(), AttnError::InvalidScale(_)));
+    }
+    for s in [0.0, -0.0, 0.125] {
+        let mut c = Call::good();
+        c.opts = c.opts.softmax_scale(s);
+        assert!(c.plan().is_ok(), "scale {s}");
     }
 }
 
