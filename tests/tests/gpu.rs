@@ -145,10 +145,20 @@ fn cases() -> Vec<Case> {
         }
     }
     // hdim 64 causal whose last 192-row tile has 64 or 65 rows: its second and third
-    // warpgroups, or its third alone, have no row and skip every key block.
+    // warpgroups, or its third alone, have no row and skip every key block. Then 64-row
+    // tails (448 = 2 x 192 + 64, 1024) with other key counts, both masks, and with more
+    // tiles than SMs.
     for sq in [1024, 1025] {
         let base = Case::base(Algo::Fa3(Techniques::FULL), DType::F16, 64, true);
         v.push(Case { sq, sk: sq, hq: 4, hk: 2, ..base });
+    }
+    for dtype in DType::ALL {
+        for causal in [false, true] {
+            let base = Case::base(Algo::Fa3(Techniques::FULL), dtype, 64, causal);
+            v.push(Case { b: 1, sq: 448, sk: 700, hq: 4, hk: 1, ..base.clone() });
+            v.push(Case { b: 1, sq: 1024, sk: 333, hq: 2, hk: 2, ..base.clone() });
+            v.push(Case { b: 8, sq: 1024, sk: 1024, hq: 16, hk: 4, ..base });
+        }
     }
     // The FA3 ablation kernels (hdim 128, fp16; without pingpong also bf16, the default
     // for long non-causal calls) compute the same function.
