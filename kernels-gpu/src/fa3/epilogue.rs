@@ -41,14 +41,19 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     let warp = thread_in_wg / 32;
     let lane = thread_in_wg % 32;
     let (g, t) = (lane / 4, lane % 4);
-    for j in 0..ON {
-        for r in 0..2 {
-            let row = wg * 64 + warp * 16 + g + 8 * r as u32;
-            let col = 8 * j as u32 + 2 * t;
-            let v = E::pack2(o[j][2 * r] * inv[r], o[j][2 * r + 1] * inv[r]);
-            // SAFETY: inside this warpgroup's rows of the tile.
-            unsafe { smem::st_u32(o_smem.add(sw128_offset(BLOCK_M, row, col)), v) };
-        }
+    // stmatrix x4 per two n-tiles: matrices (rows 0-7, n-tile j), (rows 8-15, j),
+    // (rows 0-7, j + 1), (rows 8-15, j + 1) of this warp's 16 rows; this lane addresses
+    // row `lane % 8` of matrix `lane / 8`.
+    const { assert!(ON % 2 == 0) };
+    let m = lane / 8;
+    let row = wg * 64 + warp * 16 + (m % 2) * 8 + lane % 8;
+    for j in (0..ON).step_by(2) {
+        let col = 8 * (j as u32 + m / 2);
+        let packed = |j: usize, r: usize| E::pack2(o[j][2 * r] * inv[r], o[j][2 * r + 1] * inv[r]);
+        let r = [packed(j, 0), packed(j, 1), packed(j + 1, 0), packed(j + 1, 1)];
+        // SAFETY: 16 B rows inside this warpgroup's rows of the staging tile; 16 B aligned
+        // (a whole swizzle unit).
+        unsafe { smem::stmatrix_x4(o_smem.add(sw128_offset(BLOCK_M, row, col)), r) };
     }
     // The TMA store reads through the async proxy.
     fence::proxy_async_shared();

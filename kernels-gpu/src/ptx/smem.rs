@@ -70,6 +70,22 @@ pub unsafe fn st_u32(addr: SmemAddr, v: u32) {
     unsafe { asm!("st.shared.b32 [{0}], {1};", in(reg32) addr.0, in(reg32) v, options(nostack)) };
 }
 
+/// `stmatrix.sync.aligned.m8n8.x4.shared.b16`: the warp stores four 8 x 8 matrices of
+/// 16-bit elements, 16 bytes a row. Lane `l` gives the address of row `l % 8` of matrix
+/// `l / 8` and holds in `r[i]` the elements `(l / 4, 2 (l % 4) + {0, 1})` of matrix `i`:
+/// the tensor-core C fragment, packed.
+///
+/// # Safety
+/// Every lane's `addr` must be 16-byte aligned and inside the allocation; all 32 lanes
+/// take part.
+#[inline(always)]
+pub unsafe fn stmatrix_x4(addr: SmemAddr, r: [u32; 4]) {
+    unsafe {
+        asm!("stmatrix.sync.aligned.m8n8.x4.shared.b16 [{0}], {{{1}, {2}, {3}, {4}}};",
+             in(reg32) addr.0, in(reg32) r[0], in(reg32) r[1], in(reg32) r[2], in(reg32) r[3], options(nostack))
+    };
+}
+
 /// Loads 4 bytes from shared memory.
 ///
 /// # Safety
