@@ -104,18 +104,6 @@ pub const fn tile_config_wgs(hdim: u32, consumer_wgs: u32) -> TileConfig {
     }
 }
 
-/// Keys from which a non-causal hdim 128 call runs without pingpong. Since lazy rescaling
-/// took the O rescale out of the GEMM turn, ordering the two warpgroups' GEMMs buys
-/// nothing there on long rows and costs 1-3% (docs/perf.md, items 29 and 32).
-pub const NO_PINGPONG_MIN_SEQLEN_K: u32 = 8192;
-
-/// The techniques a call gets when it does not ask for any (`AttnOptions::algo = None`):
-/// all of them, except pingpong for non-causal hdim 128 calls with at least
-/// [`NO_PINGPONG_MIN_SEQLEN_K`] keys.
-pub const fn auto_techniques(hdim: u32, causal: bool, seqlen_k: u32) -> Techniques {
-    if hdim == 128 && !causal && seqlen_k >= NO_PINGPONG_MIN_SEQLEN_K { Techniques::NO_PINGPONG } else { Techniques::FULL }
-}
-
 /// Tile shape of an FA3 kernel.
 pub const fn kernel_config(k: &KernelEntry) -> TileConfig {
     tile_config_wgs(k.hdim, k.consumer_wgs)
@@ -200,9 +188,8 @@ pub const MULTICAST_CLUSTER: u32 = 2;
 
 /// The FA3 kernels: every head dim and dtype with all techniques, the 2-CTA multicast
 /// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
-/// multicast producer too few), the ablation variants at hdim 128 fp16, and hdim 128
-/// without pingpong in bf16 too ([`auto_techniques`] picks it for long non-causal calls).
-pub const KERNELS: [KernelEntry; 12] = fa3_entries! {
+/// multicast producer too few), plus the ablation variants at hdim 128 fp16.
+pub const KERNELS: [KernelEntry; 11] = fa3_entries! {
     "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, cluster 1;
     "fa3_fwd_hdim128_f16" => 128, F16, FULL, wgs 2, cluster 1;
     "fa3_fwd_hdim256_f16" => 256, F16, FULL, wgs 2, cluster 1;
@@ -212,7 +199,6 @@ pub const KERNELS: [KernelEntry; 12] = fa3_entries! {
     "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, wgs 2, cluster 2;
     "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, wgs 2, cluster 2;
     "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, wgs 2, cluster 1;
-    "fa3_fwd_hdim128_bf16_nopingpong" => 128, BF16, NO_PINGPONG, wgs 2, cluster 1;
     "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, wgs 2, cluster 1;
     "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, wgs 2, cluster 1;
 };

@@ -57,7 +57,7 @@ pub enum AttnError {
     /// A size is beyond what one launch can address.
     TooLarge(String),
     /// No kernel of the requested family for this head dim and dtype (the FA3 ablation
-    /// variants exist for hdim 128 only, and all but the one without pingpong for fp16 only).
+    /// variants exist for hdim 128 fp16 only).
     NoKernel { algo: common::Algo, hdim: usize, dtype: DType },
     /// `softmax_scale` is NaN, infinite or negative.
     InvalidScale(f32),

@@ -3,7 +3,7 @@
 use crate::error::{Arg, AttnError, Result};
 use crate::tensor::Layout;
 use crate::tma::TensorMapSpec;
-use common::fa3;
+use common::fa3::{self, Techniques};
 use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, Strides, fa2};
 
 /// Options of an attention call, as in `flash_attn_func`.
@@ -14,8 +14,7 @@ pub struct AttnOptions {
     /// Causal mask aligned to the bottom-right corner of the score matrix (query `i`
     /// sees keys `j <= i + seqlen_k - seqlen_q`), as FlashAttention 2.1+.
     pub causal: bool,
-    /// Kernel family; `None` picks the fastest available: FlashAttention-3 with the
-    /// techniques `common::fa3::auto_techniques` chooses for the call.
+    /// Kernel family; `None` picks the fastest available (FlashAttention-3).
     pub algo: Option<Algo>,
     /// How FA3 tiles are spread over the GPU.
     pub schedule: Schedule,
@@ -208,7 +207,7 @@ pub fn plan_forward(
         )));
     }
 
-    let algo = opts.algo.unwrap_or(Algo::Fa3(fa3::auto_techniques(hdim as u32, opts.causal, seqlen_k as u32)));
+    let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
     let schedule = match (opts.schedule, algo) {
         (Schedule::Auto, Algo::Fa3(_)) if !opts.causal => Schedule::Persistent,
         (Schedule::Auto, Algo::Fa3(t)) if t.warp_specialized => Schedule::PersistentDynamic,
