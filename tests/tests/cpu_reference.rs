@@ -220,7 +220,6 @@ fn extreme_and_constant_logits_stay_finite_and_exact() {
     }
 }
 
-/// Without a mask, permuting the keys (with their values) changes nothing.
 /// Scores that climb all along the sequence (by ~1 in exp2 units a key, 200 in all):
 /// lazy rescaling must still move the max every few keys, else `exp2` overflows f32; and
 /// between moves the probabilities reach 2^8 without losing accuracy.
@@ -274,6 +273,7 @@ fn lazy_rescaling_keeps_the_low_precision_error_of_eager_rescaling() {
     }
 }
 
+/// Without a mask, permuting the keys (with their values) changes nothing.
 #[test]
 fn output_is_invariant_under_key_permutation() {
     let (s, d) = (23, 8);

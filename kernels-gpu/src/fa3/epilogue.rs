@@ -47,9 +47,10 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     const { assert!(ON % 2 == 0) };
     let m = lane / 8;
     let row = wg * 64 + warp * 16 + (m % 2) * 8 + lane % 8;
+    // n-tile j, row g + 8r: normalised and rounded to the output type.
+    let packed = |j: usize, r: usize| E::pack2(o[j][2 * r] * inv[r], o[j][2 * r + 1] * inv[r]);
     for j in (0..ON).step_by(2) {
         let col = 8 * (j as u32 + m / 2);
-        let packed = |j: usize, r: usize| E::pack2(o[j][2 * r] * inv[r], o[j][2 * r + 1] * inv[r]);
         let r = [packed(j, 0), packed(j, 1), packed(j + 1, 0), packed(j + 1, 1)];
         // SAFETY: 16 B rows inside this warpgroup's rows of the staging tile; 16 B aligned
         // (a whole swizzle unit).
