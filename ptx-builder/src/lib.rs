@@ -353,8 +353,13 @@ pub fn parse_ptxas_report(text: &str) -> (Vec<KernelReport>, Vec<String>) {
             if let Some(k) = kernels.last_mut() {
                 k.registers = number_before(line, "registers").unwrap_or(0);
             }
-        } else if line.contains("warning") || line.contains("Performance Loss") {
-            // ptxas reports serialized wgmma as an *info* line ("Potential Performance Loss").
+        } else if line.contains("warning")
+            || line.contains("Performance Loss")
+            || line.contains("wgmma.wait_group is injected")
+        {
+            // ptxas reports serialized wgmma as an *info* line ("Potential Performance Loss"),
+            // and a wait it adds before code that reads a wgmma's registers too early
+            // (C7517) as another info line.
             loose.push(line.trim().to_string());
         }
     }
@@ -387,13 +392,14 @@ ptxas info    : Function properties for b\n\
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
 ptxas info    : Used 90 registers, used 1 barriers\n\
 ptxas info    : (C7519) Potential Performance Loss: wgmma.mma_async instructions are serialized due to program dependence on compiler-inserted WG.AR in divergent path in the function 'b' in line 3\n\
+ptxas info    : (C7517) wgmma.wait_group is injected in around line 9 by compiler to allow use of registers defined by GMMA in function 'b'\n\
 ptxas warning : something global\n";
         let (k, loose) = parse_ptxas_report(text);
         assert_eq!(k.len(), 2);
         assert_eq!((k[0].registers, k[0].stack_frame, k[0].spill_stores, k[0].spill_loads), (168, 8, 4, 12));
         assert!(!k[0].is_clean());
         assert_eq!(k[1].registers, 90);
-        assert_eq!(k[1].warnings.len(), 2, "both serialization reports name kernel b");
+        assert_eq!(k[1].warnings.len(), 3, "the serialization and injected-wait reports name kernel b");
         assert!(!k[1].is_clean());
         assert_eq!(loose, vec!["ptxas warning : something global".to_string()]);
     }
