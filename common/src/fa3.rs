@@ -31,10 +31,11 @@ impl Techniques {
 /// rescale of the output accumulator, while the row's scores exceed it by at most this
 /// much in `exp2` units (`(s - max) * softmax_scale * log2 e <= 2`), so the unnormalised
 /// probabilities stay at most 4. Not FA4's 8: with P rounded to f16/bf16, 8 raised the
-/// error against the naive low-precision implementation (in the CPU model, mean ratio
-/// 0.82-0.86 -> 0.95-0.98, worst 1.2-1.3 -> 1.6-2.0) and failed the 2x rule in one GPU
-/// test; at 2 the mean ratio rises by 5-6%, for 60% of 8's speed-up (docs/perf.md, item
-/// 30). Shared with the CPU model of the algorithm.
+/// error against the naive low-precision implementation and failed the 2x rule in one
+/// GPU test. On the kernels' own tiles, the CPU model's mean error ratio rises by 10%
+/// (f16) and 6% (bf16) at 2, with a worst case of 1.80x naive; at 4 and above, f16's
+/// worst case passes 2x. 2 gives 60% of 8's speed-up (docs/perf.md, items 30 and 42).
+/// Shared with the CPU model of the algorithm.
 pub const RESCALE_THRESHOLD_LOG2: f32 = 2.0;
 
 /// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
