@@ -34,7 +34,7 @@ impl Techniques {
 /// error against the naive low-precision implementation and failed the 2x rule in one
 /// GPU test. On the kernels' own tiles, the CPU model's mean error ratio rises by 10%
 /// (f16) and 6% (bf16) at 2, with a worst case of 1.80x naive; at 4 and above, f16's
-/// worst case passes 2x. 2 gives 60% of 8's speed-up (docs/perf.md, items 30 and 42).
+/// worst case exceeds 2x. 2 gives 60% of 8's speed-up (docs/perf.md, items 30 and 42).
 /// Shared with the CPU model of the algorithm.
 pub const RESCALE_THRESHOLD_LOG2: f32 = 2.0;
 
