@@ -16,12 +16,6 @@ mkdir -p .device/exp/"$name"
 (cd "$wt" && CARGO_TARGET_DIR="$tgt" cargo build --release -q -p flash-attn3 --bin fa3)
 cp "$tgt/release/fa3" .device/exp/"$name"/fa3
 (cd "$wt" && CARGO_TARGET_DIR="$tgt" cargo test --release -p fa3-tests --test gpu --no-run --message-format=json 2>/dev/null) \
-  | python3 -c '
-import json, sys, shutil
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
-        shutil.copy(m["executable"], sys.argv[1])
-' .device/exp/"$name"/gpu
+  | scripts/test-binaries.py .device/exp/"$name" gpu
 strip .device/exp/"$name"/fa3 .device/exp/"$name"/gpu
 echo "built .device/exp/$name/fa3 from $(git rev-parse --short "$rev")"

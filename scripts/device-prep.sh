@@ -6,13 +6,6 @@ cd "$(dirname "$0")/.."
 cargo build --release -p flash-attn3 --bin fa3
 mkdir -p .device/bin
 cp target/release/fa3 .device/bin/
-cargo test --release -p fa3-tests --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
-import json, sys, shutil
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        shutil.copy(m["executable"], ".device/bin/" + m["target"]["name"])
-'
+cargo test --release -p fa3-tests --no-run --message-format=json 2>/dev/null | scripts/test-binaries.py .device/bin
 strip .device/bin/* 2>/dev/null || true
 du -sh .device/bin/*
