@@ -206,7 +206,8 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
             q_desc: k_major_sw128(self.q.slot(0).add(cw * 64 * 128).0),
             k: self.k,
             v: self.v,
-            q_empty: if self.o_shares_q { None } else { Some(self.q.empty(0)) },
+            // With Q in registers, Q is released once loaded (below), not after the last QK.
+            q_empty: if self.o_shares_q || mainloop::q_in_registers(D) { None } else { Some(self.q.empty(0)) },
         };
         let (mut qst, mut kst, mut vst) = (PipelineState::<1>::new(), PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
         let pingpong = PingPong { enabled: PINGPONG, wg: cw, wgs: BLOCK_M / 64 };
@@ -224,6 +225,13 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 }
             }
             self.q.consumer_wait(qst);
+            let qf = if mainloop::q_in_registers(D) {
+                let qf = mainloop::load_q::<BLOCK_M>(self.q.slot(0), cw, thread_in_wg);
+                self.q.consumer_release(qst);
+                qf
+            } else {
+                [[0; 4]; 8]
+            };
             let (o, softmax) = mainloop::run::<E, D, BLOCK_M, BLOCK_N, STAGES, SN, ON, PK, OVERLAP>(
                 p,
                 &tile,
@@ -235,8 +243,9 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 &mut vst,
                 loader,
                 is_loader,
+                &qf,
             );
-            if !self.o_shares_q && tile.n_blocks == 0 {
+            if !self.o_shares_q && !mainloop::q_in_registers(D) && tile.n_blocks == 0 {
                 // No QK^T ran, so the mainloop did not release Q: do it here.
                 self.q.consumer_release(qst);
             }
