@@ -23,7 +23,7 @@ use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
 use crate::ptx::tma::TensorMap;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
-use crate::ptx::{barrier, cluster, regs, sreg};
+use crate::ptx::{barrier, cluster, fence, regs, sreg};
 use crate::softmax::Frag;
 use common::fa3::{SmemLayout, TILE_HANDOFF_STAGES, smem_layout, tile_config_wgs};
 use common::{FwdParams, gmma::k_major_sw128};
@@ -226,7 +226,11 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
             }
             self.q.consumer_wait(qst);
             let qf = if mainloop::q_in_registers(D) {
+                // O must have its own buffer: Q's is released here, not after the store.
+                const { assert!(!mainloop::q_in_registers(D) || !smem_layout(tile_config_wgs(D, BLOCK_M / 64)).o_shares_q()) };
                 let qf = mainloop::load_q::<BLOCK_M>(self.q.slot(0), cw, thread_in_wg);
+                // The next Q lands here through the async proxy, after these generic reads.
+                fence::proxy_async_shared();
                 self.q.consumer_release(qst);
                 qf
             } else {
