@@ -26,9 +26,12 @@ use common::gmma::{k_major_sw128, mn_major_sw128, sw128_offset};
 /// Q's buffer. A compile-time switch so that its worth can be measured.
 pub const Q_IN_REGISTERS: bool = true;
 
-/// Whether a head dim keeps Q in registers (see [`Q_IN_REGISTERS`]).
-pub const fn q_in_registers(d: u32) -> bool {
-    Q_IN_REGISTERS && d == 128
+/// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128 with the
+/// intra-warpgroup overlap. The no-overlap ablation keeps SS: with RS it failed 8 of its
+/// 10 GPU tests (every case with more than one key block; docs/perf.md item 44), cause
+/// not found.
+pub const fn q_in_registers(d: u32, overlap: bool) -> bool {
+    Q_IN_REGISTERS && d == 128 && overlap
 }
 
 /// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
@@ -153,7 +156,7 @@ fn qk_rs<E: Element, S: WgmmaAcc, const BLOCK_N: u32>(s: &mut S, q: &QFrags, k_d
 /// S = Q K^T from wherever Q is.
 #[inline(always)]
 fn qk_any<E: Element, S: WgmmaAcc, const D: u32, const BLOCK_M: u32, const BLOCK_N: u32>(s: &mut S, q: &QFrags, q_desc: u64, k_desc: u64) {
-    if q_in_registers(D) {
+    if q_in_registers(D, true) {
         qk_rs::<E, S, BLOCK_N>(s, q, k_desc)
     } else {
         qk::<E, S, D, BLOCK_M, BLOCK_N>(s, q_desc, k_desc)
@@ -398,7 +401,7 @@ where
             ops.k.consumer_wait(*rings.kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);
-            qk_any::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, qf, ops.q_desc, ops.k_desc(*rings.kst));
+            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
             wgmma::commit();
             pingpong.end();
             wgmma::wait::<0>();
