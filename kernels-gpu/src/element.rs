@@ -13,6 +13,8 @@ pub trait Element {
     fn wgmma_ss<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool);
     /// `wgmma` with A from registers and an MN-major B from shared memory.
     fn wgmma_rs_mn<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool);
+    /// `wgmma` with A from registers and a K-major B from shared memory.
+    fn wgmma_rs_k<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool);
 }
 
 /// The A operand (m16n8k16 `mma.sync` or `m64nNk16` RS `wgmma`) for keys
@@ -42,6 +44,10 @@ impl Element for F16 {
     fn wgmma_rs_mn<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
         acc.rs_f16::<1>(a, desc_b, scale_d)
     }
+    #[inline(always)]
+    fn wgmma_rs_k<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
+        acc.rs_f16::<0>(a, desc_b, scale_d)
+    }
 }
 
 impl Element for BF16 {
@@ -60,5 +66,9 @@ impl Element for BF16 {
     #[inline(always)]
     fn wgmma_rs_mn<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
         acc.rs_bf16::<1>(a, desc_b, scale_d)
+    }
+    #[inline(always)]
+    fn wgmma_rs_k<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
+        acc.rs_bf16::<0>(a, desc_b, scale_d)
     }
 }

@@ -10,13 +10,48 @@ use super::pipeline::{PipelineState, TmaPipeline};
 use super::producer::Loader;
 use super::scheduler::Tile;
 use crate::element::{Element, a_fragment};
-use crate::ptx::{barrier, math};
+use crate::ptx::{barrier, math, mma};
+use crate::ptx::smem::SmemAddr;
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::wgmma::{self, WgmmaAcc, fence_a_operand};
 use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
 use common::FwdParams;
 use common::fa3::tile_config_wgs;
-use common::gmma::{k_major_sw128, mn_major_sw128};
+use common::gmma::{k_major_sw128, mn_major_sw128, sw128_offset};
+
+/// Q as the register (A) operand of QK^T, loaded once per tile with `ldmatrix`, so that
+/// the QK wgmmas read only K from shared memory (RS instead of SS): a third less shared
+/// memory traffic for QK^T, for 32 registers, and Q's buffer is released as soon as it is
+/// read. hdim 128 only: hdim 64's consumers have 160 registers, and hdim 256 stages O in
+/// Q's buffer. A compile-time switch so that its worth can be measured.
+pub const Q_IN_REGISTERS: bool = true;
+
+/// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128 with the
+/// intra-warpgroup overlap. The no-overlap ablation keeps SS: with RS it failed 8 of its
+/// 10 GPU tests (every case with more than one key block; docs/perf.md item 44), cause
+/// not found.
+pub const fn q_in_registers(d: u32, overlap: bool) -> bool {
+    Q_IN_REGISTERS && d == 128 && overlap
+}
+
+/// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
+pub type QFrags = [[u32; 4]; 8];
+
+/// Loads this warpgroup's rows of Q (`q_tile`: the CTA's Q buffer, `BLOCK_M` rows in
+/// 64-column 128 B-swizzled chunks) into A fragments: `ldmatrix.x4` gives matrix `i` to
+/// register `i`, and lanes 8i..8i+7 address its rows, so matrices (rows 0-7 | 8-15) x
+/// (k 0-7 | 8-15) land as the wgmma A fragment's `a0..a3`.
+#[inline(always)]
+pub fn load_q<const BLOCK_M: u32>(q_tile: SmemAddr, wg: u32, thread_in_wg: u32) -> QFrags {
+    let warp = thread_in_wg / 32;
+    let lane = thread_in_wg % 32;
+    let row = wg * 64 + warp * 16 + (lane / 8 % 2) * 8 + lane % 8;
+    core::array::from_fn(|kk| {
+        let col = kk as u32 * 16 + (lane / 16) * 8;
+        // SAFETY: inside the landed Q tile; 16 B aligned (a whole swizzle unit).
+        unsafe { mma::ldmatrix_x4(q_tile.add(sw128_offset(BLOCK_M, row, col))) }
+    })
+}
 
 /// Named barriers 4.. (one per consumer warpgroup, after the epilogues' 1..=3): the
 /// warpgroups' turns to issue GEMMs.
@@ -109,6 +144,25 @@ fn qk<E: Element, S: WgmmaAcc, const D: u32, const BLOCK_M: u32, const BLOCK_N: 
     }
 }
 
+/// S = Q K^T with Q from registers ([`q_in_registers`]): `D/16` RS wgmmas.
+#[inline(always)]
+fn qk_rs<E: Element, S: WgmmaAcc, const BLOCK_N: u32>(s: &mut S, q: &QFrags, k_desc: u64) {
+    for kk in 0..8u32 {
+        let k_off = (kk / 4) * BLOCK_N * 128 + (kk % 4) * 32;
+        E::wgmma_rs_k(s, q[kk as usize], k_desc + (k_off >> 4) as u64, kk > 0);
+    }
+}
+
+/// S = Q K^T from wherever Q is.
+#[inline(always)]
+fn qk_any<E: Element, S: WgmmaAcc, const D: u32, const BLOCK_M: u32, const BLOCK_N: u32>(s: &mut S, q: &QFrags, q_desc: u64, k_desc: u64) {
+    if q_in_registers(D, true) {
+        qk_rs::<E, S, BLOCK_N>(s, q, k_desc)
+    } else {
+        qk::<E, S, D, BLOCK_M, BLOCK_N>(s, q_desc, k_desc)
+    }
+}
+
 /// O += P V: `BLOCK_N/16` RS wgmmas with V MN-major (+16 key rows = 2048 B a step).
 #[inline(always)]
 fn pv<E: Element, O: WgmmaAcc, const PK: usize>(o: &mut O, p: &[[u32; 4]; PK], v_desc: u64) {
@@ -125,6 +179,7 @@ fn to_p<E: Element, const SN: usize, const PK: usize>(s: &[Frag; SN]) -> [[u32; 
 /// Compiler fences on everything ordinary code wrote, then the hardware `wgmma.fence`.
 #[inline(always)]
 fn fence_before_gemms<S: WgmmaAcc, O: WgmmaAcc, const PK: usize>(s: &mut S, o: &mut O, p: &mut [[u32; 4]; PK]) {
+    // Q's fragments (when in registers) are written once per tile, before any of its GEMMs.
     s.fence_operand();
     o.fence_operand();
     for a in p.iter_mut() {
@@ -237,6 +292,7 @@ pub fn run<
     vst: &mut PipelineState<STAGES>,
     loader: &mut Loader<STAGES, BLOCK_N>,
     is_loader: bool,
+    qf: &QFrags,
 ) -> ([Frag; ON], OnlineSoftmax)
 where
     [Frag; SN]: WgmmaAcc,
@@ -293,7 +349,7 @@ where
         ops.k.consumer_wait(*rings.kst);
         pingpong.begin();
         fence_before_gemms(&mut s, &mut o, &mut pf);
-        qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
+        qk_any::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, qf, ops.q_desc, ops.k_desc(*rings.kst));
         wgmma::commit();
         pingpong.end();
         wgmma::wait::<0>();
@@ -307,7 +363,7 @@ where
             ops.k.consumer_wait(*rings.kst);
             pingpong.begin();
             fence_before_gemms(&mut s, &mut o, &mut pf);
-            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
+            qk_any::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, qf, ops.q_desc, ops.k_desc(*rings.kst));
             wgmma::commit();
             OnlineSoftmax::rescale(&mut o, alpha);
             o.fence_operand();

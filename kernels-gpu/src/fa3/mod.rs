@@ -23,7 +23,7 @@ use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
 use crate::ptx::tma::TensorMap;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
-use crate::ptx::{barrier, cluster, regs, sreg};
+use crate::ptx::{barrier, cluster, fence, regs, sreg};
 use crate::softmax::Frag;
 use common::fa3::{SmemLayout, TILE_HANDOFF_STAGES, smem_layout, tile_config_wgs};
 use common::{FwdParams, gmma::k_major_sw128};
@@ -206,7 +206,8 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
             q_desc: k_major_sw128(self.q.slot(0).add(cw * 64 * 128).0),
             k: self.k,
             v: self.v,
-            q_empty: if self.o_shares_q { None } else { Some(self.q.empty(0)) },
+            // With Q in registers, Q is released once loaded (below), not after the last QK.
+            q_empty: if self.o_shares_q || mainloop::q_in_registers(D, OVERLAP) { None } else { Some(self.q.empty(0)) },
         };
         let (mut qst, mut kst, mut vst) = (PipelineState::<1>::new(), PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
         let pingpong = PingPong { enabled: PINGPONG, wg: cw, wgs: BLOCK_M / 64 };
@@ -224,6 +225,17 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 }
             }
             self.q.consumer_wait(qst);
+            let qf = if mainloop::q_in_registers(D, OVERLAP) {
+                // O must have its own buffer: Q's is released here, not after the store.
+                const { assert!(!mainloop::q_in_registers(D, OVERLAP) || !smem_layout(tile_config_wgs(D, BLOCK_M / 64)).o_shares_q()) };
+                let qf = mainloop::load_q::<BLOCK_M>(self.q.slot(0), cw, thread_in_wg);
+                // The next Q lands here through the async proxy, after these generic reads.
+                fence::proxy_async_shared();
+                self.q.consumer_release(qst);
+                qf
+            } else {
+                [[0; 4]; 8]
+            };
             let (o, softmax) = mainloop::run::<E, D, BLOCK_M, BLOCK_N, STAGES, SN, ON, PK, OVERLAP>(
                 p,
                 &tile,
@@ -235,8 +247,9 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 &mut vst,
                 loader,
                 is_loader,
+                &qf,
             );
-            if !self.o_shares_q && tile.n_blocks == 0 {
+            if !self.o_shares_q && !mainloop::q_in_registers(D, OVERLAP) && tile.n_blocks == 0 {
                 // No QK^T ran, so the mainloop did not release Q: do it here.
                 self.q.consumer_release(qst);
             }
