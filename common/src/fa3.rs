@@ -151,8 +151,9 @@ pub const fn num_barriers(stages: u32) -> u32 {
 /// Slots of the producer-to-consumer tile handoff: the producer may publish the next
 /// tile while the consumers still read the current one.
 pub const TILE_HANDOFF_STAGES: u32 = 2;
-/// Its full/empty barriers (8 B each) and 4-byte slots, rounded to 8 B.
-pub const TILE_HANDOFF_BYTES: u32 = 16 * TILE_HANDOFF_STAGES + 8 * TILE_HANDOFF_STAGES.div_ceil(2);
+/// Its full/empty barriers (8 B each), then 16-byte slots (a decoded tile: query block,
+/// head, batch, key blocks).
+pub const TILE_HANDOFF_BYTES: u32 = 16 * TILE_HANDOFF_STAGES + 16 * TILE_HANDOFF_STAGES;
 
 pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
     let q_bytes = cfg.block_m() * cfg.hdim * 2;
@@ -216,6 +217,8 @@ mod tests {
             assert!(l.total <= MAX_SMEM, "hdim {hdim}: {} bytes", l.total);
             // hdim 64 and 128 stage O apart from Q; 256 has no room and reuses Q.
             assert_eq!(l.o_shares_q(), hdim == 256, "hdim {hdim}");
+            // The handoff's 16-byte slots are 16-byte aligned (vector stores and loads).
+            assert_eq!((l.tile_handoff + 16 * TILE_HANDOFF_STAGES) % 16, 0, "hdim {hdim}");
             // Every tile starts on a 1024 B swizzle-atom boundary.
             for off in [l.q, l.k, l.v, l.o, l.k + l.kv_stage_bytes, l.v + l.kv_stage_bytes] {
                 assert_eq!(off % 1024, 0, "hdim {hdim}: tile at {off}");

@@ -144,11 +144,12 @@ pub unsafe fn fwd<
                 let mut st = CountState::new();
                 loop {
                     let t = claims.current();
-                    handoff.publish(&mut st, t);
                     if t >= order.total {
+                        handoff.publish(&mut st, None);
                         break;
                     }
                     let tile = order.tile(t, &p);
+                    handoff.publish(&mut st, Some(&tile));
                     loader.load_tile(&tile, tile.m_block * BLOCK_M);
                     claims.advance();
                 }
