@@ -156,7 +156,7 @@ pub unsafe fn fwd<
             }
         } else {
             regs::alloc::<CONSUMER_REGS>();
-            let mut tiles = HandoffTiles { order, handoff, state: PipelineState::new() };
+            let mut tiles = HandoffTiles::<BLOCK_M, BLOCK_N> { handoff, state: PipelineState::new() };
             consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg - 1, thread_in_wg, &mut loader, false);
         }
     } else {

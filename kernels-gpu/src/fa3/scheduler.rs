@@ -181,7 +181,6 @@ impl TileHandoff {
 /// A consumer's view of the handoff.
 #[derive(Clone, Copy)]
 pub struct HandoffTiles<const BLOCK_M: u32, const BLOCK_N: u32> {
-    pub order: TileOrder<BLOCK_M, BLOCK_N>,
     pub handoff: TileHandoff,
     pub state: PipelineState<TILE_HANDOFF_STAGES>,
 }
