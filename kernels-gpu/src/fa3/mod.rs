@@ -25,7 +25,7 @@ use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::{barrier, cluster, regs, sreg};
 use crate::softmax::Frag;
-use common::fa3::{SmemLayout, TILE_HANDOFF_STAGES, smem_layout, tile_config_wgs};
+use common::fa3::{SmemLayout, TILE_HANDOFF_SLOT_BYTES, TILE_HANDOFF_STAGES, smem_layout, tile_config_wgs};
 use common::{FwdParams, gmma::k_major_sw128};
 use mainloop::{Operands, PingPong};
 use pipeline::{CountState, PipelineState, TmaPipeline};
@@ -90,8 +90,8 @@ pub unsafe fn fwd<
     };
     let handoff = TileHandoff {
         ring: TmaPipeline::<TILE_HANDOFF_STAGES> {
-            data: base.add(layout.tile_handoff + 16 * TILE_HANDOFF_STAGES),
-            stage_bytes: 4,
+            data: base.add(layout.tile_handoff_slot(0)),
+            stage_bytes: TILE_HANDOFF_SLOT_BYTES,
             barriers: base.add(layout.tile_handoff),
             peer: None,
         },
