@@ -135,6 +135,11 @@ pub struct SmemLayout {
 }
 
 impl SmemLayout {
+    /// Byte offset of handoff slot `stage` (after the handoff's barriers).
+    pub const fn tile_handoff_slot(&self, stage: u32) -> u32 {
+        self.tile_handoff + 16 * TILE_HANDOFF_STAGES + TILE_HANDOFF_SLOT_BYTES * stage
+    }
+
     pub const fn o_shares_q(&self) -> bool {
         self.o == self.q
     }
@@ -151,8 +156,11 @@ pub const fn num_barriers(stages: u32) -> u32 {
 /// Slots of the producer-to-consumer tile handoff: the producer may publish the next
 /// tile while the consumers still read the current one.
 pub const TILE_HANDOFF_STAGES: u32 = 2;
-/// Its full/empty barriers (8 B each) and 4-byte slots, rounded to 8 B.
-pub const TILE_HANDOFF_BYTES: u32 = 16 * TILE_HANDOFF_STAGES + 8 * TILE_HANDOFF_STAGES.div_ceil(2);
+/// A handoff slot: a decoded tile (query block, head, batch, key blocks), moved with one
+/// 16-byte vector store and load.
+pub const TILE_HANDOFF_SLOT_BYTES: u32 = 16;
+/// Its full/empty barriers (8 B each), then its slots.
+pub const TILE_HANDOFF_BYTES: u32 = 16 * TILE_HANDOFF_STAGES + TILE_HANDOFF_SLOT_BYTES * TILE_HANDOFF_STAGES;
 
 pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
     let q_bytes = cfg.block_m() * cfg.hdim * 2;
@@ -216,6 +224,12 @@ mod tests {
             assert!(l.total <= MAX_SMEM, "hdim {hdim}: {} bytes", l.total);
             // hdim 64 and 128 stage O apart from Q; 256 has no room and reuses Q.
             assert_eq!(l.o_shares_q(), hdim == 256, "hdim {hdim}");
+            // Every handoff slot is 16-byte aligned (vector stores and loads).
+            for s in 0..TILE_HANDOFF_STAGES {
+                let slot = l.tile_handoff_slot(s);
+                assert_eq!(slot % 16, 0, "hdim {hdim}: handoff slot {s} at {slot}");
+                assert!(slot + TILE_HANDOFF_SLOT_BYTES <= l.total, "hdim {hdim}");
+            }
             // Every tile starts on a 1024 B swizzle-atom boundary.
             for off in [l.q, l.k, l.v, l.o, l.k + l.kv_stage_bytes, l.v + l.kv_stage_bytes] {
                 assert_eq!(off % 1024, 0, "hdim {hdim}: tile at {off}");

@@ -25,7 +25,7 @@ use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::{barrier, cluster, fence, regs, sreg};
 use crate::softmax::Frag;
-use common::fa3::{SmemLayout, TILE_HANDOFF_STAGES, smem_layout, tile_config_wgs};
+use common::fa3::{SmemLayout, TILE_HANDOFF_SLOT_BYTES, TILE_HANDOFF_STAGES, smem_layout, tile_config_wgs};
 use common::{FwdParams, gmma::k_major_sw128};
 use mainloop::{Operands, PingPong};
 use pipeline::{CountState, PipelineState, TmaPipeline};
@@ -90,8 +90,8 @@ pub unsafe fn fwd<
     };
     let handoff = TileHandoff {
         ring: TmaPipeline::<TILE_HANDOFF_STAGES> {
-            data: base.add(layout.tile_handoff + 16 * TILE_HANDOFF_STAGES),
-            stage_bytes: 4,
+            data: base.add(layout.tile_handoff_slot(0)),
+            stage_bytes: TILE_HANDOFF_SLOT_BYTES,
             barriers: base.add(layout.tile_handoff),
             peer: None,
         },
@@ -144,18 +144,19 @@ pub unsafe fn fwd<
                 let mut st = CountState::new();
                 loop {
                     let t = claims.current();
-                    handoff.publish(&mut st, t);
                     if t >= order.total {
+                        handoff.publish(&mut st, None);
                         break;
                     }
                     let tile = order.tile(t, &p);
+                    handoff.publish(&mut st, Some(&tile));
                     loader.load_tile(&tile, tile.m_block * BLOCK_M);
                     claims.advance();
                 }
             }
         } else {
             regs::alloc::<CONSUMER_REGS>();
-            let mut tiles = HandoffTiles { order, handoff, state: PipelineState::new() };
+            let mut tiles = HandoffTiles::<BLOCK_M, BLOCK_N> { handoff, state: PipelineState::new() };
             consumer.run::<E, SN, ON, PK, PINGPONG, OVERLAP>(&p, &mut tiles, wg - 1, thread_in_wg, &mut loader, false);
         }
     } else {

@@ -141,9 +141,14 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileSource<BLOCK_M, BLOCK_N> for St
     }
 }
 
-/// The producer's tile numbers, handed to the consumer warpgroups through shared memory:
-/// per slot a "full" barrier (the producer's arrival after writing the number) and an
-/// "empty" one (every consumer thread's arrival after reading it).
+/// A slot's query block when there are no more tiles.
+const NO_TILE: u32 = u32::MAX;
+
+/// The producer's tiles, handed to the consumer warpgroups through shared memory, decoded
+/// (the producer decodes each tile for its loads anyway; the consumers would otherwise
+/// redo its integer divisions at every tile boundary, between their last GEMM turn of a
+/// tile and their first of the next): per slot a "full" barrier (the producer's arrival
+/// after writing) and an "empty" one (every consumer thread's arrival after reading).
 #[derive(Clone, Copy)]
 pub struct TileHandoff {
     pub ring: TmaPipeline<TILE_HANDOFF_STAGES>,
@@ -156,12 +161,17 @@ impl TileHandoff {
         self.ring.init(consumers);
     }
 
-    /// Producer: writes tile number `t` into the next slot once it is free.
+    /// Producer: writes `tile` (`None`: no more tiles) into the next slot once it is free.
     #[inline(always)]
-    pub fn publish(&self, st: &mut CountState<TILE_HANDOFF_STAGES>, t: u32) {
+    pub fn publish(&self, st: &mut CountState<TILE_HANDOFF_STAGES>, tile: Option<&Tile>) {
+        let v = match tile {
+            Some(t) => [t.m_block, t.head, t.batch, t.n_blocks],
+            None => [NO_TILE, 0, 0, 0],
+        };
         self.ring.empty(st.index()).wait(st.phase() ^ 1);
-        // SAFETY: the slot is inside the handoff area and no consumer reads it now.
-        unsafe { smem::st_u32(self.ring.slot(st.index()), t) };
+        // SAFETY: the 16-byte aligned slot is inside the handoff area and no consumer
+        // reads it now.
+        unsafe { smem::st_v4_u32(self.ring.slot(st.index()), v) };
         // The arrival releases the store to the consumers' acquiring wait.
         self.ring.full(st.index()).arrive();
         st.advance();
@@ -171,7 +181,6 @@ impl TileHandoff {
 /// A consumer's view of the handoff.
 #[derive(Clone, Copy)]
 pub struct HandoffTiles<const BLOCK_M: u32, const BLOCK_N: u32> {
-    pub order: TileOrder<BLOCK_M, BLOCK_N>,
     pub handoff: TileHandoff,
     pub state: PipelineState<TILE_HANDOFF_STAGES>,
 }
@@ -182,9 +191,14 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileSource<BLOCK_M, BLOCK_N> for Ha
         let ring = &self.handoff.ring;
         ring.consumer_wait(self.state);
         // SAFETY: published by the producer before the barrier phase completed.
-        let t = math::shfl_broadcast_u32(unsafe { smem::ld_u32(ring.slot(self.state.index())) });
+        let v = unsafe { smem::ld_v4_u32(ring.slot(self.state.index())) };
         ring.consumer_release(self.state);
         self.state.advance();
-        if t < self.order.total { Some(self.order.tile(t, p)) } else { None }
+        // Broadcast: ptxas then knows the fields are warp-uniform.
+        let [m_block, head, batch, n_blocks] = v.map(math::shfl_broadcast_u32);
+        if m_block == NO_TILE {
+            return None;
+        }
+        Some(Tile { m_block, head, head_k: p.kv_head(head), batch, n_blocks })
     }
 }

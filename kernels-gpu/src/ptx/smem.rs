@@ -97,6 +97,32 @@ pub unsafe fn ld_u32(addr: SmemAddr) -> u32 {
     v
 }
 
+/// Stores 16 bytes to shared memory.
+///
+/// # Safety
+/// `addr` must be 16-byte aligned and inside the allocation.
+#[inline(always)]
+pub unsafe fn st_v4_u32(addr: SmemAddr, v: [u32; 4]) {
+    unsafe {
+        asm!("st.shared.v4.b32 [{0}], {{{1}, {2}, {3}, {4}}};",
+             in(reg32) addr.0, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
+    };
+}
+
+/// Loads 16 bytes from shared memory.
+///
+/// # Safety
+/// `addr` must be 16-byte aligned and inside the allocation.
+#[inline(always)]
+pub unsafe fn ld_v4_u32(addr: SmemAddr) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+             out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr.0, options(nostack))
+    };
+    [a, b, c, d]
+}
+
 /// Rounds an address up to a multiple of `align` (a power of two).
 #[inline(always)]
 pub const fn align_up(addr: SmemAddr, align: u32) -> SmemAddr {
