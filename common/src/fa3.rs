@@ -2,8 +2,9 @@
 //!
 //! One CTA computes `block_m = 64 * consumer_wgs` query rows of one (batch, head):
 //! a producer warpgroup issues TMA loads, each consumer warpgroup owns 64 rows and runs
-//! S = QK^T (SS WGMMA), the online softmax and O += PV (RS WGMMA). K and V stream through
-//! their own `STAGES`-deep shared-memory rings.
+//! S = QK^T (SS WGMMA, or RS with Q in registers at hdim 128), the online softmax and
+//! O += PV (RS WGMMA). K and V stream through their own `STAGES`-deep shared-memory
+//! rings.
 use crate::{Algo, DType, KernelEntry};
 
 /// The seed techniques a kernel variant uses; each can be turned off at compile time so

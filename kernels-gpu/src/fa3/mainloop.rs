@@ -1,5 +1,6 @@
-//! The consumer mainloop of one warpgroup (64 query rows): S = Q K^T (SS WGMMA), mask,
-//! online softmax, O += P V (RS WGMMA, P straight from the S registers).
+//! The consumer mainloop of one warpgroup (64 query rows): S = Q K^T (SS WGMMA; RS with
+//! Q in registers at hdim 128, see [`Q_IN_REGISTERS`]), mask, online softmax, O += P V
+//! (RS WGMMA, P straight from the S registers).
 //!
 //! With `OVERLAP` (FA3's intra-warpgroup pipelining), step i issues QK^T of block i and
 //! PV of block i-1 back to back, then runs the softmax of block i while that PV is still

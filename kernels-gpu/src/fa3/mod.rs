@@ -4,12 +4,14 @@
 //!   kernels half of each K/V tile into both CTAs of a 2-CTA cluster), one thread of a
 //!   producer warpgroup that hands its registers back with `setmaxnreg.dec`;
 //! - [`mainloop`]: two or three consumer warpgroups (`setmaxnreg.inc`), 64 query rows
-//!   each: SS WGMMA for QK^T, online softmax, RS WGMMA for PV, intra-warpgroup overlap
-//!   (O rescaled under the QK GEMM) and round-robin pingpong;
+//!   each: SS WGMMA for QK^T (RS, Q in registers, at hdim 128), online softmax, RS WGMMA
+//!   for PV, intra-warpgroup overlap (O rescaled under the QK GEMM) and round-robin
+//!   pingpong;
 //! - [`epilogue`]: O through shared memory and a TMA store, LSE;
 //! - [`scheduler`]: tile order (one tile per CTA, or persistent with a static or a dynamic
-//!   order, the producer handing each tile to the consumers) and the key blocks a tile
-//!   visits (causal blocks past the diagonal are never loaded nor computed);
+//!   order, the producer handing each tile, decoded, to the consumers) and the key
+//!   blocks a tile visits (causal blocks past the diagonal are never loaded nor
+//!   computed);
 //! - [`pipeline`]: the stage/phase ring of mbarriers.
 pub mod epilogue;
 pub mod mainloop;
