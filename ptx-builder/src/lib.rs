@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub mod sass;
+
 /// PTX ISA version requested from llc (8.0: `wgmma`, `setmaxnreg`, `cp.async.bulk.tensor`).
 pub const PTX_ISA: &str = "ptx80";
 /// The GPU the kernels are built for.
@@ -316,6 +318,33 @@ pub fn find_ptxas() -> Option<PathBuf> {
             .map(|rel| Path::new(dir).join(rel))
             .find(|p| p.exists())
     })
+}
+
+/// The ptxas release inside the driver JIT of the lent H100 (driver 580.159.04, CUDA
+/// 13.0). The host ships PTX, so this compiler, not the newest ptxas, makes the SASS that
+/// runs there; 13.0 has a register-allocation bug that 13.1 fixed (docs/perf.md item 49).
+/// `scripts/setup.sh` installs it in `.tools/ptxas-jit`.
+pub const JIT_PTXAS_VERSION: &str = "13.0.88";
+
+/// A tool under `.tools/<dir>/nvidia/cu13/bin/` (where `scripts/setup.sh` puts pinned
+/// PyPI wheels), unless `env` names one.
+fn find_tool(env: &str, dir: &str, tool: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(env).filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    Some(repo_root().join(".tools").join(dir).join("nvidia/cu13/bin").join(tool)).filter(|p| p.exists())
+}
+
+/// The driver JIT's ptxas ([`JIT_PTXAS_VERSION`]): `$FA3_PTXAS_JIT`, else the one
+/// `scripts/setup.sh` installed.
+pub fn find_jit_ptxas() -> Option<PathBuf> {
+    find_tool("FA3_PTXAS_JIT", "ptxas-jit", "ptxas")
+}
+
+/// `nvdisasm` (PyPI `nvidia-cuda-nvdisasm`): `$FA3_NVDISASM`, else the one
+/// `scripts/setup.sh` installed.
+pub fn find_nvdisasm() -> Option<PathBuf> {
+    find_tool("FA3_NVDISASM", "nvdisasm", "nvdisasm")
 }
 
 /// Assembles `ptx_path` for sm_90a with `ptxas -v` and returns the per-kernel report

@@ -2,10 +2,17 @@
 //! it targets sm_90a, exports exactly the listed kernels, cannot panic, and assembles
 //! with `ptxas -arch=sm_90a` with no spill, no stack frame and no warning.
 //!
-//! The ptxas check needs `ptxas` (PyPI `nvidia-cuda-nvcc`, or `FA3_PTXAS`); without it
-//! the test is reported as ignored with the reason, unless `FA3_REQUIRE_PTXAS=1` (CI).
+//! It is also assembled with the ptxas of the driver JIT that runs it on the lent H100
+//! (`ptx_builder::JIT_PTXAS_VERSION`), whose SASS must have no spill either, and in which
+//! Q's register fragments must survive (ptxas 13.0 overwrote them in one kernel shape).
+//!
+//! The ptxas checks need `ptxas` (PyPI `nvidia-cuda-nvcc`, or `FA3_PTXAS`), the JIT's
+//! ptxas and `nvdisasm` (`scripts/setup.sh` installs both in `.tools/`); without them a
+//! check is reported as ignored with the reason, unless `FA3_REQUIRE_PTXAS=1` (CI).
 use flash_attn3::gpu::PTX;
 use libtest_mimic::{Arguments, Failed, Trial};
+use ptx_builder::sass::{self, Instr};
+use std::path::{Path, PathBuf};
 
 fn targets_sm90a_and_exports_every_kernel() -> Result<(), Failed> {
     if !PTX.lines().any(|l| l.trim() == ".target sm_90a") {
@@ -79,12 +86,19 @@ fn kernels_cannot_panic() -> Result<(), Failed> {
     Ok(())
 }
 
-fn assembles_without_spills(ptxas: std::path::PathBuf) -> Result<(), Failed> {
-    let dir = std::env::temp_dir().join(format!("fa3-ptx-test-{}", std::process::id()));
+/// Writes `ptx` to a fresh directory and assembles it with `ptxas`; the cubin is left
+/// next to it (`kernels.cubin`).
+fn assemble(ptxas: &Path, ptx: &str, tag: &str) -> Result<(PathBuf, Vec<ptx_builder::KernelReport>, Vec<String>), Failed> {
+    let dir = std::env::temp_dir().join(format!("fa3-ptx-test-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("kernels.ptx");
-    std::fs::write(&path, PTX)?;
-    let (kernels, loose) = ptx_builder::run_ptxas(&ptxas, &path)?;
+    std::fs::write(&path, ptx)?;
+    let (kernels, loose) = ptx_builder::run_ptxas(ptxas, &path)?;
+    Ok((dir, kernels, loose))
+}
+
+fn assembles_without_spills(ptxas: PathBuf, tag: &str) -> Result<(), Failed> {
+    let (dir, kernels, loose) = assemble(&ptxas, PTX, tag)?;
     std::fs::remove_dir_all(&dir).ok();
     let mut problems: Vec<String> = kernels.iter().filter(|k| !k.is_clean()).map(|k| format!("{k:?}")).collect();
     problems.extend(loose);
@@ -97,26 +111,104 @@ fn assembles_without_spills(ptxas: std::path::PathBuf) -> Result<(), Failed> {
     if problems.is_empty() { Ok(()) } else { Err(problems.join("\n").into()) }
 }
 
+/// Disassembles `ptx` as compiled by `ptxas`: each kernel's instructions.
+fn sass_of(ptxas: &Path, nvdisasm: &Path, ptx: &str, tag: &str) -> Result<Vec<(String, Vec<Instr>)>, Failed> {
+    let (dir, _, _) = assemble(ptxas, ptx, tag)?;
+    let code = sass::disassemble(nvdisasm, &dir.join("kernels.cubin"));
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(code?)
+}
+
+/// In the SASS the driver's JIT makes, nothing but the `ldmatrix` loads writes Q's
+/// fragments in any FA3 kernel, and the kernels that keep Q in registers (hdim 128 with
+/// the intra-warpgroup overlap) do load it (8 `LDSM`: the check is not vacuous).
+fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
+    let code = sass_of(&ptxas, &nvdisasm, PTX, "q")?;
+    let mut problems = Vec::new();
+    for k in common::KERNELS.iter().filter(|k| matches!(k.algo, common::Algo::Fa3(_))) {
+        let common::Algo::Fa3(t) = k.algo else { unreachable!() };
+        let Some((_, instrs)) = code.iter().find(|(n, _)| n == k.name) else {
+            problems.push(format!("{}: not in the SASS", k.name));
+            continue;
+        };
+        let clobbers = sass::ldsm_fragment_clobbers(instrs);
+        if !clobbers.is_empty() {
+            problems.push(format!("{}: {} writes into ldmatrix-loaded registers, e.g. {:?}", k.name, clobbers.len(), &clobbers[..clobbers.len().min(3)]));
+        }
+        let loads = sass::ldsm_count(instrs);
+        let expected = if k.hdim == 128 && t.intra_overlap { 8 } else { 0 };
+        if loads != expected {
+            problems.push(format!("{}: {loads} LDSM, expected {expected}", k.name));
+        }
+        println!("    {:<32} {loads} LDSM, {} other writers of their registers", k.name, clobbers.len());
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems.join("\n").into()) }
+}
+
+/// The check above can fail: on a kernel where ptxas 13.0 does overwrite the fragments
+/// (the bug of docs/perf.md item 49), it reports the writes. If this stops failing, the
+/// pinned JIT ptxas no longer has the bug and the fixture no longer proves the check.
+fn the_q_check_catches_ptxas_13_0s_clobber(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
+    let fixture = include_str!("../fixtures/ptxas13_0_clobbers_q.ptx");
+    let code = sass_of(&ptxas, &nvdisasm, fixture, "fixture")?;
+    let clobbers: Vec<String> = code.iter().flat_map(|(_, i)| sass::ldsm_fragment_clobbers(i)).collect();
+    println!("    fixture: {} writes into ldmatrix-loaded registers, e.g. {:?}", clobbers.len(), clobbers.first());
+    if clobbers.is_empty() { Err("no clobber found in the fixture".into()) } else { Ok(()) }
+}
+
+/// A trial that needs the tools `found` (named in `missing` when not): ignored with the
+/// reason, or failed when `FA3_REQUIRE_PTXAS=1` (CI).
+fn tool_trial<T: Send + 'static>(
+    name: &'static str,
+    found: Option<T>,
+    missing: &'static str,
+    test: impl FnOnce(T) -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    let require = std::env::var("FA3_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
+    match found {
+        Some(t) => Trial::test(name, move || test(t)),
+        None if require => Trial::test(name, move || Err(format!("FA3_REQUIRE_PTXAS=1 but {missing}").into())),
+        None => {
+            println!("{name} SKIPPED (reported as ignored): {missing}");
+            Trial::test(name, || Ok(())).with_ignored_flag(true)
+        }
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
-    let ptxas = ptx_builder::find_ptxas();
-    let require = std::env::var("FA3_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
-    let ptxas_trial = match ptxas {
-        Some(p) => Trial::test("assembles_for_sm90a_without_spills_or_stack", move || assembles_without_spills(p)),
-        None if require => Trial::test("assembles_for_sm90a_without_spills_or_stack", || {
-            Err("FA3_REQUIRE_PTXAS=1 but ptxas was not found".into())
-        }),
-        None => {
-            println!("ptxas check SKIPPED (reported as ignored): ptxas not found (pip install nvidia-cuda-nvcc, or set FA3_PTXAS)");
-            Trial::test("assembles_for_sm90a_without_spills_or_stack", || Ok(())).with_ignored_flag(true)
-        }
-    };
+    let jit = ptx_builder::JIT_PTXAS_VERSION;
+    let jit_tools = ptx_builder::find_jit_ptxas().zip(ptx_builder::find_nvdisasm());
     let trials = vec![
         Trial::test("targets_sm90a_and_exports_every_kernel", targets_sm90a_and_exports_every_kernel),
         Trial::test("kernels_cannot_panic", kernels_cannot_panic),
         Trial::test("param_block_matches_the_host_struct", param_block_matches_the_host_struct),
         Trial::test("fa3_kernels_use_hopper_instructions", fa3_kernels_use_hopper_instructions),
-        ptxas_trial,
+        tool_trial(
+            "assembles_for_sm90a_without_spills_or_stack",
+            ptx_builder::find_ptxas(),
+            "ptxas not found (pip install nvidia-cuda-nvcc, or set FA3_PTXAS)",
+            |p| assembles_without_spills(p, "latest"),
+        ),
+        tool_trial(
+            "assembles_with_the_driver_jit_ptxas_without_spills_or_stack",
+            ptx_builder::find_jit_ptxas(),
+            "the driver JIT's ptxas is not installed (scripts/setup.sh, or set FA3_PTXAS_JIT)",
+            |p| assembles_without_spills(p, "jit"),
+        ),
+        tool_trial(
+            "q_fragments_survive_the_driver_jit_ptxas",
+            jit_tools.clone(),
+            "the driver JIT's ptxas or nvdisasm is not installed (scripts/setup.sh)",
+            |(p, d)| q_fragments_survive_the_driver_jit(p, d),
+        ),
+        tool_trial(
+            "the_q_check_catches_ptxas_13_0s_clobber",
+            jit_tools,
+            "the driver JIT's ptxas or nvdisasm is not installed (scripts/setup.sh)",
+            |(p, d)| the_q_check_catches_ptxas_13_0s_clobber(p, d),
+        ),
     ];
+    println!("driver JIT ptxas: {jit} ({:?})", ptx_builder::find_jit_ptxas());
     libtest_mimic::run(&args, trials).exit();
 }

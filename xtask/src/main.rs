@@ -5,8 +5,10 @@
 //! - `check-ptx [--out FILE]`: builds, then assembles with `ptxas -arch=sm_90a -v` and fails
 //!   on any spill, stack frame or ptxas warning (serialized `wgmma`, ignored
 //!   `setmaxnreg`...). Fails if ptxas cannot be found (`pip install nvidia-cuda-nvcc`,
-//!   or set `FA3_PTXAS`).
-use ptx_builder::{BuildConfig, find_ptxas, repo_root, run_ptxas};
+//!   or set `FA3_PTXAS`). Then the same with the driver JIT's ptxas
+//!   (`ptx_builder::JIT_PTXAS_VERSION`, installed by `scripts/setup.sh`) when present.
+use ptx_builder::{BuildConfig, find_jit_ptxas, find_ptxas, repo_root, run_ptxas};
+use std::path::Path;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -57,12 +59,25 @@ fn build(out: PathBuf) -> Result<PathBuf, ExitCode> {
     }
 }
 
-fn check(ptx: &std::path::Path) -> ExitCode {
+fn check(ptx: &Path) -> ExitCode {
     let Some(ptxas) = find_ptxas() else {
         eprintln!("error: ptxas not found: `python3 -m pip install nvidia-cuda-nvcc` or set FA3_PTXAS");
         return ExitCode::FAILURE;
     };
-    let (kernels, loose) = match run_ptxas(&ptxas, ptx) {
+    let latest = check_with(&ptxas, ptx);
+    let Some(jit) = find_jit_ptxas() else {
+        println!("(the driver JIT's ptxas {} is not installed: scripts/setup.sh)", ptx_builder::JIT_PTXAS_VERSION);
+        return latest;
+    };
+    println!("\nthe driver JIT's ptxas {}:", ptx_builder::JIT_PTXAS_VERSION);
+    match (latest, check_with(&jit, ptx)) {
+        (ExitCode::SUCCESS, jit) => jit,
+        (latest, _) => latest,
+    }
+}
+
+fn check_with(ptxas: &Path, ptx: &Path) -> ExitCode {
+    let (kernels, loose) = match run_ptxas(ptxas, ptx) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
