@@ -28,9 +28,10 @@ use common::gmma::{k_major_sw128, mn_major_sw128, sw128_offset};
 pub const Q_IN_REGISTERS: bool = true;
 
 /// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128 with the
-/// intra-warpgroup overlap. The no-overlap ablation keeps SS: with RS it failed 8 of its
-/// 10 GPU tests (every case with more than one key block; docs/perf.md item 44), cause
-/// not found.
+/// intra-warpgroup overlap. The no-overlap ablation keeps SS: in its loop shape, ptxas
+/// 13.0 (the driver JIT of the lent H100) reuses Q's registers for P, so every step after
+/// a tile's first multiplied P by K (8 of 10 GPU tests failed; docs/perf.md items 44 and
+/// 49). `tests/tests/ptx.rs` checks the JIT's SASS for such writes.
 pub const fn q_in_registers(d: u32, overlap: bool) -> bool {
     Q_IN_REGISTERS && d == 128 && overlap
 }
