@@ -39,6 +39,23 @@ impl Techniques {
 /// Shared with the CPU model of the algorithm.
 pub const RESCALE_THRESHOLD_LOG2: f32 = 2.0;
 
+/// Q as the register (A) operand of QK^T, loaded once per tile with `ldmatrix`, so that
+/// the QK wgmmas read only K from shared memory (RS instead of SS): a third less shared
+/// memory traffic for QK^T, for 32 registers, and Q's buffer is released as soon as it is
+/// read. hdim 128 only: hdim 64's consumers have 160 registers, and hdim 256 stages O in
+/// Q's buffer. A compile-time switch so that its worth can be measured.
+pub const Q_IN_REGISTERS: bool = true;
+
+/// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128 with the
+/// intra-warpgroup overlap. The no-overlap ablation keeps SS: in its loop shape, ptxas
+/// 13.0 (the driver JIT of the lent H100) reuses Q's registers for P, so every step after
+/// a tile's first multiplied P by K (8 of 10 GPU tests failed; docs/perf.md items 44 and
+/// 49). `tests/tests/ptx.rs` checks the JIT's SASS for such writes, and that these kernels
+/// load Q with `ldmatrix`.
+pub const fn q_in_registers(hdim: u32, overlap: bool) -> bool {
+    Q_IN_REGISTERS && hdim == 128 && overlap
+}
+
 /// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
 pub const TMA_PARAM_BYTES: u32 = 4 * 128;
 

@@ -11,7 +11,7 @@
 //! check is reported as ignored with the reason, unless `FA3_REQUIRE_PTXAS=1` (CI).
 use flash_attn3::gpu::PTX;
 use libtest_mimic::{Arguments, Failed, Trial};
-use ptx_builder::sass::{self, Instr};
+use ptx_builder::sass::{self, Code};
 use std::path::{Path, PathBuf};
 
 fn targets_sm90a_and_exports_every_kernel() -> Result<(), Failed> {
@@ -112,35 +112,36 @@ fn assembles_without_spills(ptxas: PathBuf, tag: &str) -> Result<(), Failed> {
 }
 
 /// Disassembles `ptx` as compiled by `ptxas`: each kernel's instructions.
-fn sass_of(ptxas: &Path, nvdisasm: &Path, ptx: &str, tag: &str) -> Result<Vec<(String, Vec<Instr>)>, Failed> {
+fn sass_of(ptxas: &Path, nvdisasm: &Path, ptx: &str, tag: &str) -> Result<Vec<(String, Code)>, Failed> {
     let (dir, _, _) = assemble(ptxas, ptx, tag)?;
     let code = sass::disassemble(nvdisasm, &dir.join("kernels.cubin"));
     std::fs::remove_dir_all(&dir).ok();
     Ok(code?)
 }
 
-/// In the SASS the driver's JIT makes, nothing but the `ldmatrix` loads writes Q's
-/// fragments in any FA3 kernel, and the kernels that keep Q in registers (hdim 128 with
-/// the intra-warpgroup overlap) do load it (8 `LDSM`: the check is not vacuous).
+/// In the SASS the driver's JIT makes, no write but an `ldmatrix` load reaches the A
+/// operand of a QK^T `HGMMA` in any FA3 kernel, and the kernels that keep Q in registers
+/// (`common::fa3::q_in_registers`) do load it (8 `LDSM`: the check is not vacuous).
 fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
     let code = sass_of(&ptxas, &nvdisasm, PTX, "q")?;
     let mut problems = Vec::new();
     for k in common::KERNELS.iter().filter(|k| matches!(k.algo, common::Algo::Fa3(_))) {
         let common::Algo::Fa3(t) = k.algo else { unreachable!() };
-        let Some((_, instrs)) = code.iter().find(|(n, _)| n == k.name) else {
+        let Some((_, kernel)) = code.iter().find(|(n, _)| n == k.name) else {
             problems.push(format!("{}: not in the SASS", k.name));
             continue;
         };
-        let clobbers = sass::ldsm_fragment_clobbers(instrs);
-        if !clobbers.is_empty() {
-            problems.push(format!("{}: {} writes into ldmatrix-loaded registers, e.g. {:?}", k.name, clobbers.len(), &clobbers[..clobbers.len().min(3)]));
+        let violations = sass::q_operand_violations(kernel);
+        if !violations.is_empty() {
+            let shown = &violations[..violations.len().min(3)];
+            problems.push(format!("{}: {} non-ldmatrix writes reach QK^T's A operand, e.g. {shown:?}", k.name, violations.len()));
         }
-        let loads = sass::ldsm_count(instrs);
-        let expected = if k.hdim == 128 && t.intra_overlap { 8 } else { 0 };
+        let loads = sass::ldsm_count(kernel);
+        let expected = if common::fa3::q_in_registers(k.hdim, t.intra_overlap) { 8 } else { 0 };
         if loads != expected {
             problems.push(format!("{}: {loads} LDSM, expected {expected}", k.name));
         }
-        println!("    {:<32} {loads} LDSM, {} other writers of their registers", k.name, clobbers.len());
+        println!("    {:<32} {loads} LDSM, {} other writes reaching QK^T", k.name, violations.len());
     }
     if problems.is_empty() { Ok(()) } else { Err(problems.join("\n").into()) }
 }
@@ -151,9 +152,9 @@ fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Resu
 fn the_q_check_catches_ptxas_13_0s_clobber(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
     let fixture = include_str!("../fixtures/ptxas13_0_clobbers_q.ptx");
     let code = sass_of(&ptxas, &nvdisasm, fixture, "fixture")?;
-    let clobbers: Vec<String> = code.iter().flat_map(|(_, i)| sass::ldsm_fragment_clobbers(i)).collect();
-    println!("    fixture: {} writes into ldmatrix-loaded registers, e.g. {:?}", clobbers.len(), clobbers.first());
-    if clobbers.is_empty() { Err("no clobber found in the fixture".into()) } else { Ok(()) }
+    let violations: Vec<String> = code.iter().flat_map(|(_, k)| sass::q_operand_violations(k)).collect();
+    println!("    fixture: {} non-ldmatrix writes reach QK^T's A operand, e.g. {:?}", violations.len(), violations.first());
+    if violations.is_empty() { Err("no clobber found in the fixture".into()) } else { Ok(()) }
 }
 
 /// A trial that needs the tools `found` (named in `missing` when not): ignored with the

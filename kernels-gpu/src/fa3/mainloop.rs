@@ -1,5 +1,5 @@
 //! The consumer mainloop of one warpgroup (64 query rows): S = Q K^T (SS WGMMA; RS with
-//! Q in registers at hdim 128, see [`Q_IN_REGISTERS`]), mask, online softmax, O += P V
+//! Q in registers at hdim 128, see `common::fa3::Q_IN_REGISTERS`), mask, online softmax, O += P V
 //! (RS WGMMA, P straight from the S registers).
 //!
 //! With `OVERLAP` (FA3's intra-warpgroup pipelining), step i issues QK^T of block i and
@@ -17,24 +17,9 @@ use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::wgmma::{self, WgmmaAcc, fence_a_operand};
 use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
 use common::FwdParams;
-use common::fa3::tile_config_wgs;
+use common::fa3::{q_in_registers, tile_config_wgs};
 use common::gmma::{k_major_sw128, mn_major_sw128, sw128_offset};
 
-/// Q as the register (A) operand of QK^T, loaded once per tile with `ldmatrix`, so that
-/// the QK wgmmas read only K from shared memory (RS instead of SS): a third less shared
-/// memory traffic for QK^T, for 32 registers, and Q's buffer is released as soon as it is
-/// read. hdim 128 only: hdim 64's consumers have 160 registers, and hdim 256 stages O in
-/// Q's buffer. A compile-time switch so that its worth can be measured.
-pub const Q_IN_REGISTERS: bool = true;
-
-/// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128 with the
-/// intra-warpgroup overlap. The no-overlap ablation keeps SS: in its loop shape, ptxas
-/// 13.0 (the driver JIT of the lent H100) reuses Q's registers for P, so every step after
-/// a tile's first multiplied P by K (8 of 10 GPU tests failed; docs/perf.md items 44 and
-/// 49). `tests/tests/ptx.rs` checks the JIT's SASS for such writes.
-pub const fn q_in_registers(d: u32, overlap: bool) -> bool {
-    Q_IN_REGISTERS && d == 128 && overlap
-}
 
 /// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
 pub type QFrags = [[u32; 4]; 8];
@@ -146,7 +131,7 @@ fn qk<E: Element, S: WgmmaAcc, const D: u32, const BLOCK_M: u32, const BLOCK_N: 
     }
 }
 
-/// S = Q K^T with Q from registers ([`q_in_registers`]): `D/16` RS wgmmas.
+/// S = Q K^T with Q from registers ([`q_in_registers`]): 8 RS wgmmas (hdim 128).
 #[inline(always)]
 fn qk_rs<E: Element, S: WgmmaAcc, const BLOCK_N: u32>(s: &mut S, q: &QFrags, k_desc: u64) {
     for kk in 0..8u32 {

@@ -1,8 +1,9 @@
 //! Memory-proxy fences.
 use core::arch::asm;
 
-/// Orders this thread's generic-proxy shared-memory writes before later async-proxy
-/// accesses (TMA stores, WGMMA operand reads) once a barrier has been passed.
+/// Orders this thread's generic-proxy shared-memory accesses before later async-proxy
+/// ones once a barrier has been passed: its writes before TMA stores or WGMMA operand
+/// reads, and its reads (`ldmatrix` of Q) before the TMA load that overwrites the slot.
 #[inline(always)]
 pub fn proxy_async_shared() {
     // SAFETY: a fence.

@@ -61,15 +61,6 @@ pub fn cp_async_wait<const N: u32>() {
     unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) };
 }
 
-/// Stores 4 bytes to shared memory.
-///
-/// # Safety
-/// `addr` must be 4-byte aligned and inside the allocation.
-#[inline(always)]
-pub unsafe fn st_u32(addr: SmemAddr, v: u32) {
-    unsafe { asm!("st.shared.b32 [{0}], {1};", in(reg32) addr.0, in(reg32) v, options(nostack)) };
-}
-
 /// `stmatrix.sync.aligned.m8n8.x4.shared.b16`: the warp stores four 8 x 8 matrices of
 /// 16-bit elements, 16 bytes a row. Lane `l` gives the address of row `l % 8` of matrix
 /// `l / 8` and holds in `r[i]` the elements `(l / 4, 2 (l % 4) + {0, 1})` of matrix `i`:
@@ -84,17 +75,6 @@ pub unsafe fn stmatrix_x4(addr: SmemAddr, r: [u32; 4]) {
         asm!("stmatrix.sync.aligned.m8n8.x4.shared.b16 [{0}], {{{1}, {2}, {3}, {4}}};",
              in(reg32) addr.0, in(reg32) r[0], in(reg32) r[1], in(reg32) r[2], in(reg32) r[3], options(nostack))
     };
-}
-
-/// Loads 4 bytes from shared memory.
-///
-/// # Safety
-/// `addr` must be 4-byte aligned and inside the allocation.
-#[inline(always)]
-pub unsafe fn ld_u32(addr: SmemAddr) -> u32 {
-    let v: u32;
-    unsafe { asm!("ld.shared.b32 {0}, [{1}];", out(reg32) v, in(reg32) addr.0, options(nostack)) };
-    v
 }
 
 /// Stores 16 bytes to shared memory.
