@@ -184,28 +184,34 @@ pub fn q_operand_violations(code: &Code) -> Vec<String> {
         }
     };
     let n = code.instrs.len();
+    let succs: Vec<Vec<usize>> = (0..n).map(|i| code.successors(i)).collect();
     let mut preds = vec![Vec::new(); n];
-    for i in 0..n {
-        for j in code.successors(i) {
+    for (i, next) in succs.iter().enumerate() {
+        for &j in next {
             preds[j].push(i);
         }
     }
     let empty: Defs = vec![Default::default(); tracked.len()];
-    let mut out: Vec<Defs> = vec![empty.clone(); n];
-    let mut work: std::collections::VecDeque<usize> = (0..n).collect();
-    let mut queued = vec![true; n];
-    while let Some(i) = work.pop_front() {
-        queued[i] = false;
+    // The definitions reaching instruction `i`: the union over its predecessors.
+    let reaching = |i: usize, out: &[Defs]| -> Defs {
         let mut defs = empty.clone();
         for &p in &preds[i] {
             for (d, o) in defs.iter_mut().zip(&out[p]) {
                 d.extend(o);
             }
         }
+        defs
+    };
+    let mut out: Vec<Defs> = vec![empty.clone(); n];
+    let mut work: std::collections::VecDeque<usize> = (0..n).collect();
+    let mut queued = vec![true; n];
+    while let Some(i) = work.pop_front() {
+        queued[i] = false;
+        let mut defs = reaching(i, &out);
         transfer(i, &mut defs);
         if defs != out[i] {
             out[i] = defs;
-            for j in code.successors(i) {
+            for &j in &succs[i] {
                 if !queued[j] {
                     queued[j] = true;
                     work.push_back(j);
@@ -216,10 +222,9 @@ pub fn q_operand_violations(code: &Code) -> Vec<String> {
     let mut found = Vec::new();
     for (i, ins) in code.instrs.iter().enumerate() {
         let Some(a) = a_regs(ins) else { continue };
+        let defs = reaching(i, &out);
         for r in a {
-            let k = slot(r).expect("tracked");
-            let reaching = preds[i].iter().flat_map(|&p| out[p][k].iter());
-            for &d in reaching.collect::<std::collections::BTreeSet<_>>() {
+            for &d in &defs[slot(r).expect("tracked")] {
                 if !code.instrs[d].opcode.starts_with("LDSM") {
                     found.push(format!("{} reads R{r} written by {}", ins.text, code.instrs[d].text));
                 }

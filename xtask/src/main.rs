@@ -8,8 +8,7 @@
 //!   or set `FA3_PTXAS`). Then the same with the driver JIT's ptxas
 //!   (`ptx_builder::JIT_PTXAS_VERSION`, installed by `scripts/setup.sh`) when present.
 use ptx_builder::{BuildConfig, find_jit_ptxas, find_ptxas, repo_root, run_ptxas};
-use std::path::Path;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 fn usage() -> ExitCode {

@@ -1,6 +1,6 @@
 //! The consumer mainloop of one warpgroup (64 query rows): S = Q K^T (SS WGMMA; RS with
-//! Q in registers at hdim 128, see `common::fa3::Q_IN_REGISTERS`), mask, online softmax, O += P V
-//! (RS WGMMA, P straight from the S registers).
+//! Q in registers at hdim 128, see `common::fa3::Q_IN_REGISTERS`), mask, online softmax,
+//! O += P V (RS WGMMA, P straight from the S registers).
 //!
 //! With `OVERLAP` (FA3's intra-warpgroup pipelining), step i issues QK^T of block i and
 //! PV of block i-1 back to back, then runs the softmax of block i while that PV is still
@@ -19,7 +19,6 @@ use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
 use common::FwdParams;
 use common::fa3::{q_in_registers, tile_config_wgs};
 use common::gmma::{k_major_sw128, mn_major_sw128, sw128_offset};
-
 
 /// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
 pub type QFrags = [[u32; 4]; 8];
