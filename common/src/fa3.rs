@@ -28,6 +28,15 @@ impl Techniques {
     pub const NO_WARP_SPECIALIZATION: Self = Techniques { warp_specialized: false, ..Self::FULL };
 }
 
+/// The techniques the planner uses when the caller names no algorithm. hdim 128 without
+/// clusters leaves pingpong out: with Q in registers, QK^T reads only K from shared
+/// memory, and the kernel without pingpong was faster in every round of an A/B
+/// (+0.9-1.8% at 4k and 16k, docs/perf.md item 48). The multicast kernels keep it
+/// (not measured without).
+pub const fn default_techniques(hdim: u32, cluster: u32) -> Techniques {
+    if hdim == 128 && cluster == 1 { Techniques::NO_PINGPONG } else { Techniques::FULL }
+}
+
 /// Lazy rescaling (FlashAttention-4): the kernels keep a row's running max, and skip the
 /// rescale of the output accumulator, while the row's scores exceed it by at most this
 /// much in `exp2` units (`(s - max) * softmax_scale * log2 e <= 2`), so the unnormalised
@@ -215,8 +224,9 @@ pub const MULTICAST_CLUSTER: u32 = 2;
 
 /// The FA3 kernels: every head dim and dtype with all techniques, the 2-CTA multicast
 /// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
-/// multicast producer too few), plus the ablation variants at hdim 128 fp16.
-pub const KERNELS: [KernelEntry; 11] = fa3_entries! {
+/// multicast producer too few), hdim 128 without pingpong (its default, both dtypes),
+/// plus the other ablation variants at hdim 128 fp16.
+pub const KERNELS: [KernelEntry; 12] = fa3_entries! {
     "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, cluster 1;
     "fa3_fwd_hdim128_f16" => 128, F16, FULL, wgs 2, cluster 1;
     "fa3_fwd_hdim256_f16" => 256, F16, FULL, wgs 2, cluster 1;
@@ -226,6 +236,7 @@ pub const KERNELS: [KernelEntry; 11] = fa3_entries! {
     "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, wgs 2, cluster 2;
     "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, wgs 2, cluster 2;
     "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, wgs 2, cluster 1;
+    "fa3_fwd_hdim128_bf16_nopingpong" => 128, BF16, NO_PINGPONG, wgs 2, cluster 1;
     "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, wgs 2, cluster 1;
     "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, wgs 2, cluster 1;
 };
