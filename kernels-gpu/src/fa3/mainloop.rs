@@ -354,8 +354,10 @@ where
             wgmma::commit();
             OnlineSoftmax::rescale(&mut o, alpha);
             o.fence_operand();
-            wgmma::fence();
             ops.v.consumer_wait(*rings.vst);
+            // After the wait: a spin loop between the fence and the wgmma makes ptxas 13.0
+            // (the driver's JIT) inject another `warpgroup.arrive` (C7519).
+            wgmma::fence();
             pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
             wgmma::commit();
             pingpong.end();
