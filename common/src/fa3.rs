@@ -55,14 +55,13 @@ pub const RESCALE_THRESHOLD_LOG2: f32 = 2.0;
 /// Q's buffer. A compile-time switch so that its worth can be measured.
 pub const Q_IN_REGISTERS: bool = true;
 
-/// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128 with the
-/// intra-warpgroup overlap. The no-overlap ablation keeps SS: in its loop shape, ptxas
-/// 13.0 (the driver JIT of the lent H100) reuses Q's registers for P, so every step after
-/// a tile's first multiplied P by K (8 of 10 GPU tests failed; docs/perf.md items 44 and
-/// 49). `tests/tests/ptx.rs` checks the JIT's SASS for such writes, and that these kernels
+/// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128. The
+/// no-overlap mainloop is rotated for it: in its plain loop shape, ptxas 13.0 (the driver
+/// JIT of the lent H100) reused Q's registers for P (docs/perf.md items 44 and 49).
+/// `tests/tests/ptx.rs` checks the JIT's SASS for such writes, and that these kernels
 /// load Q with `ldmatrix`.
-pub const fn q_in_registers(hdim: u32, overlap: bool) -> bool {
-    Q_IN_REGISTERS && hdim == 128 && overlap
+pub const fn q_in_registers(hdim: u32, _overlap: bool) -> bool {
+    Q_IN_REGISTERS && hdim == 128
 }
 
 /// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
