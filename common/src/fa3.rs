@@ -28,6 +28,15 @@ impl Techniques {
     pub const NO_WARP_SPECIALIZATION: Self = Techniques { warp_specialized: false, ..Self::FULL };
 }
 
+/// The techniques the planner uses when the caller names no algorithm. hdim 128 without
+/// clusters leaves pingpong out: with Q in registers, QK^T reads only K from shared
+/// memory, and the kernel without pingpong was faster in every round of an A/B
+/// (+0.9-1.8% at 4k and 16k, docs/perf.md item 48). The multicast kernels keep it
+/// (not measured without).
+pub const fn default_techniques(hdim: u32, cluster: u32) -> Techniques {
+    if hdim == 128 && cluster == 1 { Techniques::NO_PINGPONG } else { Techniques::FULL }
+}
+
 /// Lazy rescaling (FlashAttention-4): the kernels keep a row's running max, and skip the
 /// rescale of the output accumulator, while the row's scores exceed it by at most this
 /// much in `exp2` units (`(s - max) * softmax_scale * log2 e <= 2`), so the unnormalised
@@ -46,14 +55,13 @@ pub const RESCALE_THRESHOLD_LOG2: f32 = 2.0;
 /// Q's buffer. A compile-time switch so that its worth can be measured.
 pub const Q_IN_REGISTERS: bool = true;
 
-/// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128 with the
-/// intra-warpgroup overlap. The no-overlap ablation keeps SS: in its loop shape, ptxas
-/// 13.0 (the driver JIT of the lent H100) reuses Q's registers for P, so every step after
-/// a tile's first multiplied P by K (8 of 10 GPU tests failed; docs/perf.md items 44 and
-/// 49). `tests/tests/ptx.rs` checks the JIT's SASS for such writes, and that these kernels
+/// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128. The
+/// no-overlap mainloop is rotated for it: in its plain loop shape, ptxas 13.0 (the driver
+/// JIT of the lent H100) reused Q's registers for P (docs/perf.md items 44 and 49).
+/// `tests/tests/ptx.rs` checks the JIT's SASS for such writes, and that these kernels
 /// load Q with `ldmatrix`.
-pub const fn q_in_registers(hdim: u32, overlap: bool) -> bool {
-    Q_IN_REGISTERS && hdim == 128 && overlap
+pub const fn q_in_registers(hdim: u32, _overlap: bool) -> bool {
+    Q_IN_REGISTERS && hdim == 128
 }
 
 /// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
@@ -215,8 +223,9 @@ pub const MULTICAST_CLUSTER: u32 = 2;
 
 /// The FA3 kernels: every head dim and dtype with all techniques, the 2-CTA multicast
 /// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
-/// multicast producer too few), plus the ablation variants at hdim 128 fp16.
-pub const KERNELS: [KernelEntry; 11] = fa3_entries! {
+/// multicast producer too few), hdim 128 without pingpong (its default, both dtypes),
+/// plus the other ablation variants at hdim 128 fp16.
+pub const KERNELS: [KernelEntry; 12] = fa3_entries! {
     "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, cluster 1;
     "fa3_fwd_hdim128_f16" => 128, F16, FULL, wgs 2, cluster 1;
     "fa3_fwd_hdim256_f16" => 256, F16, FULL, wgs 2, cluster 1;
@@ -226,6 +235,7 @@ pub const KERNELS: [KernelEntry; 11] = fa3_entries! {
     "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, wgs 2, cluster 2;
     "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, wgs 2, cluster 2;
     "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, wgs 2, cluster 1;
+    "fa3_fwd_hdim128_bf16_nopingpong" => 128, BF16, NO_PINGPONG, wgs 2, cluster 1;
     "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, wgs 2, cluster 1;
     "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, wgs 2, cluster 1;
 };

@@ -14,7 +14,9 @@ pub struct AttnOptions {
     /// Causal mask aligned to the bottom-right corner of the score matrix (query `i`
     /// sees keys `j <= i + seqlen_k - seqlen_q`), as FlashAttention 2.1+.
     pub causal: bool,
-    /// Kernel family; `None` picks the fastest available (FlashAttention-3).
+    /// Kernel family; `None` picks the fastest available: FlashAttention-3 with the head
+    /// dim's default techniques (`common::fa3::default_techniques`: no pingpong at hdim
+    /// 128). `Algo::Fa3(Techniques::FULL)` forces every technique.
     pub algo: Option<Algo>,
     /// How FA3 tiles are spread over the GPU.
     pub schedule: Schedule,
@@ -207,6 +209,8 @@ pub fn plan_forward(
         )));
     }
 
+    // The schedule depends only on whether the kernel is warp-specialized, which every
+    // default is; the default's techniques depend on the cluster the schedule picks.
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
     let schedule = match (opts.schedule, algo) {
         (Schedule::Auto, Algo::Fa3(_)) if !opts.causal => Schedule::Persistent,
@@ -225,6 +229,7 @@ pub fn plan_forward(
         (s, _) => s,
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
+    let algo = opts.algo.unwrap_or(Algo::Fa3(fa3::default_techniques(hdim as u32, cluster)));
     let kernel =
         common::find_kernel(algo, hdim as u32, q.dtype, cluster).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let params = FwdParams {

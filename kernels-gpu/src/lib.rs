@@ -87,5 +87,6 @@ fa3_entry!(fa3_fwd_hdim256_bf16, BF16, 256, wgs: 2, cluster: 1, ws: true, pingpo
 fa3_entry!(fa3_fwd_hdim128_f16_multicast, F16, 128, wgs: 2, cluster: 2, ws: true, pingpong: true, overlap: true);
 fa3_entry!(fa3_fwd_hdim128_bf16_multicast, BF16, 128, wgs: 2, cluster: 2, ws: true, pingpong: true, overlap: true);
 fa3_entry!(fa3_fwd_hdim128_f16_nopingpong, F16, 128, wgs: 2, cluster: 1, ws: true, pingpong: false, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_bf16_nopingpong, BF16, 128, wgs: 2, cluster: 1, ws: true, pingpong: false, overlap: true);
 fa3_entry!(fa3_fwd_hdim128_f16_nooverlap, F16, 128, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: false);
 fa3_entry!(fa3_fwd_hdim128_f16_nows, F16, 128, wgs: 2, cluster: 1, ws: false, pingpong: true, overlap: true);

@@ -25,7 +25,8 @@ enum Storage {
 
 #[derive(Clone, Debug)]
 struct Case {
-    algo: Algo,
+    /// `None`: the planner's default (FA3 with the head dim's default techniques).
+    algo: Option<Algo>,
     dtype: DType,
     d: usize,
     b: usize,
@@ -47,7 +48,7 @@ struct Case {
 impl Case {
     /// `b = 2`, one query and key, 3 heads, packed, default schedule: the base the
     /// cases below vary.
-    fn base(algo: Algo, dtype: DType, d: usize, causal: bool) -> Self {
+    fn base(algo: Option<Algo>, dtype: DType, d: usize, causal: bool) -> Self {
         Case {
             algo,
             dtype,
@@ -66,11 +67,12 @@ impl Case {
 
     fn name(&self) -> String {
         let algo = match self.algo {
-            Algo::Fa2 => "fa2",
-            Algo::Fa3(t) if t == Techniques::FULL => "fa3",
-            Algo::Fa3(t) if t == Techniques::NO_PINGPONG => "fa3nopingpong",
-            Algo::Fa3(t) if t == Techniques::NO_OVERLAP => "fa3nooverlap",
-            Algo::Fa3(_) => "fa3nows",
+            None => "fa3",
+            Some(Algo::Fa2) => "fa2",
+            Some(Algo::Fa3(t)) if t == Techniques::FULL => "fa3full",
+            Some(Algo::Fa3(t)) if t == Techniques::NO_PINGPONG => "fa3nopingpong",
+            Some(Algo::Fa3(t)) if t == Techniques::NO_OVERLAP => "fa3nooverlap",
+            Some(Algo::Fa3(_)) => "fa3nows",
         };
         format!(
             "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}",
@@ -99,7 +101,7 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
-    for algo in [Algo::Fa3(Techniques::FULL), Algo::Fa2] {
+    for algo in [None, Some(Algo::Fa2)] {
         for dtype in DType::ALL {
             for d in [64, 128, 256] {
                 for causal in [false, true] {
@@ -131,7 +133,7 @@ fn cases() -> Vec<Case> {
                 if schedule == Schedule::PersistentMulticast && (causal || d != 128) {
                     continue;
                 }
-                let base = Case::base(Algo::Fa3(Techniques::FULL), DType::BF16, d, causal);
+                let base = Case::base(None, DType::BF16, d, causal);
                 v.push(Case { b: 3, sq: 1500, sk: 1300, hq: 8, hk: 4, schedule, ..base });
             }
         }
@@ -140,7 +142,7 @@ fn cases() -> Vec<Case> {
     // blocks (1, 3, 5: one CTA of each head's last pair has no rows) and an even one.
     for dtype in DType::ALL {
         for (sq, sk) in [(1, 1), (257, 700), (640, 333), (1000, 1000)] {
-            let base = Case::base(Algo::Fa3(Techniques::FULL), dtype, 128, false);
+            let base = Case::base(None, dtype, 128, false);
             v.push(Case { sq, sk, hq: 4, hk: 2, schedule: Schedule::PersistentMulticast, ..base });
         }
     }
@@ -149,21 +151,28 @@ fn cases() -> Vec<Case> {
     // tails (448 = 2 x 192 + 64, 1024) with other key counts, both masks, and with more
     // tiles than SMs.
     for sq in [1024, 1025] {
-        let base = Case::base(Algo::Fa3(Techniques::FULL), DType::F16, 64, true);
+        let base = Case::base(None, DType::F16, 64, true);
         v.push(Case { sq, sk: sq, hq: 4, hk: 2, ..base });
     }
     for dtype in DType::ALL {
         for causal in [false, true] {
-            let base = Case::base(Algo::Fa3(Techniques::FULL), dtype, 64, causal);
+            let base = Case::base(None, dtype, 64, causal);
             v.push(Case { b: 1, sq: 448, sk: 700, hq: 4, hk: 1, ..base.clone() });
             v.push(Case { b: 1, sq: 1024, sk: 333, hq: 2, hk: 2, ..base.clone() });
             v.push(Case { b: 8, sq: 1024, sk: 1024, hq: 16, hk: 4, ..base });
         }
     }
-    // The FA3 ablation kernels (hdim 128, fp16) compute the same function.
-    for t in [Techniques::NO_PINGPONG, Techniques::NO_OVERLAP, Techniques::NO_WARP_SPECIALIZATION] {
+    // The hdim 128 variants other than its default (no pingpong) compute the same
+    // function: every technique (both dtypes), and the fp16 ablation kernels.
+    let variants = [
+        (Techniques::FULL, DType::F16),
+        (Techniques::FULL, DType::BF16),
+        (Techniques::NO_OVERLAP, DType::F16),
+        (Techniques::NO_WARP_SPECIALIZATION, DType::F16),
+    ];
+    for (t, dtype) in variants {
         for causal in [false, true] {
-            let base = Case::base(Algo::Fa3(t), DType::F16, 128, causal);
+            let base = Case::base(Some(Algo::Fa3(t)), dtype, 128, causal);
             v.push(Case { sq: 17, sk: 17, ..base.clone() });
             v.push(Case { sq: 1000, sk: 1000, ..base.clone() });
             v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
@@ -175,7 +184,7 @@ fn cases() -> Vec<Case> {
     // hdim 64 causal with more tiles than SMs, so CTAs claim tiles from the counter, and
     // warpgroups skip the key blocks past their diagonal.
     for dtype in DType::ALL {
-        let base = Case::base(Algo::Fa3(Techniques::FULL), dtype, 64, true);
+        let base = Case::base(None, dtype, 64, true);
         v.push(Case { b: 8, sq: 1000, sk: 1000, hq: 16, hk: 4, ..base });
     }
     v
@@ -212,7 +221,10 @@ fn run_once(gpu: &Gpu, c: &Case, p: &Problem<'_>, inputs: &[DeviceTensor; 3], sc
     let mut o = DeviceTensor::from_f32_strided(&stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
     let lse_len = c.b * c.hq * c.sq;
     let mut lse = stream.clone_htod(&vec![f32::NAN; lse_len + 7])?;
-    let opts = AttnOptions::default().causal(c.causal).algo(c.algo).schedule(schedule);
+    let mut opts = AttnOptions::default().causal(c.causal).schedule(schedule);
+    if let Some(algo) = c.algo {
+        opts = opts.algo(algo);
+    }
     let [q, k, v] = inputs;
     flash_attn_func_into(gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
     stream.synchronize()?;

@@ -53,8 +53,9 @@ fn a_valid_call_is_planned_with_the_default_scale() {
     // persistent grid of at most one CTA per SM.
     assert_eq!(plan.grid, ((300usize.div_ceil(128) * 8 * 2) as u32, 1, 1));
     assert_eq!(plan.block, 384);
-    assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::FULL));
-    assert_eq!((plan.kernel.cluster, plan.kernel.name), (1, "fa3_fwd_hdim128_bf16"));
+    // hdim 128's default techniques: no pingpong.
+    assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::NO_PINGPONG));
+    assert_eq!((plan.kernel.cluster, plan.kernel.name), (1, "fa3_fwd_hdim128_bf16_nopingpong"));
     let maps = plan.tma.expect("FA3 launches carry tensor maps");
     assert_eq!(maps[1].dims, [64, 500, 2, 2, 2], "k: 64-wide chunks, seqlen, chunks, heads_k, batch");
     assert_eq!(maps[1].box_dims, [64, 128, 2, 1, 1], "k: one box per tile");
@@ -121,9 +122,28 @@ fn the_fa2_kernel_can_be_forced() {
 }
 
 #[test]
+fn hdim_128_defaults_to_no_pingpong_and_can_force_every_technique() {
+    for dtype in DType::ALL {
+        let mut c = Call::good();
+        for t in [&mut c.q, &mut c.k, &mut c.v, &mut c.out] {
+            t.dtype = dtype;
+        }
+        let plan = c.plan().unwrap();
+        assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::NO_PINGPONG), "{dtype:?}");
+        c.opts = c.opts.algo(Algo::Fa3(Techniques::FULL));
+        assert_eq!(c.plan().unwrap().kernel.algo, Algo::Fa3(Techniques::FULL), "{dtype:?}");
+    }
+    // Multicast clusters keep pingpong (no kernel without it).
+    let mut c = Call::good();
+    c.opts = AttnOptions::default().schedule(Schedule::PersistentMulticast);
+    let plan = c.plan().unwrap();
+    assert_eq!((plan.kernel.algo, plan.kernel.cluster), (Algo::Fa3(Techniques::FULL), 2));
+}
+
+#[test]
 fn ablation_variants_exist_only_where_built() {
     let mut c = Call::good();
-    c.opts = c.opts.algo(Algo::Fa3(Techniques::NO_PINGPONG));
+    c.opts = c.opts.algo(Algo::Fa3(Techniques::NO_OVERLAP));
     assert!(matches!(c.err(), AttnError::NoKernel { hdim: 128, dtype: DType::BF16, .. }));
     let mut c = Call::good();
     for t in [&mut c.q, &mut c.k, &mut c.v, &mut c.out] {

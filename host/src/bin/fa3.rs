@@ -25,8 +25,10 @@ USAGE:
       --check          compare with the CPU references (f64 exact, naive low precision)
       --seed N         random seed (default: from the clock)
       --device N       GPU ordinal (default 0)
-      --algo NAME      fa3 (default), fa2, or an FA3 ablation: fa3-nopingpong,
-                       fa3-nooverlap, fa3-nows (hdim 128 f16 only)
+      --algo NAME      fa3 (default: FA3 with the head dim's default techniques;
+                       no pingpong at hdim 128), fa2, or an FA3 variant: fa3-full
+                       (every technique), fa3-nopingpong, fa3-nooverlap, fa3-nows
+                       (the last two hdim 128 f16 only)
       --schedule S     FA3 grid: auto (default), persistent, dynamic, multicast
                        (2-CTA clusters, hdim 128, non-causal), tile
   fa3 bench [--dtype f16|bf16] [--hdims 64,128,256] [--seqlens 512,...,16384]
@@ -140,17 +142,19 @@ fn parse_dtype(s: &str) -> CliResult<DType> {
     }
 }
 
-fn parse_algo(s: Option<&str>) -> CliResult<Algo> {
+/// `None`: the planner's default (FA3 with the head dim's default techniques).
+fn parse_algo(s: Option<&str>) -> CliResult<Option<Algo>> {
     use flash_attn3::Techniques;
     Ok(match s {
-        None | Some("fa3") => Algo::Fa3(Techniques::FULL),
-        Some("fa3-nopingpong") => Algo::Fa3(Techniques::NO_PINGPONG),
-        Some("fa3-nooverlap") => Algo::Fa3(Techniques::NO_OVERLAP),
-        Some("fa3-nows") => Algo::Fa3(Techniques::NO_WARP_SPECIALIZATION),
-        Some("fa2") => Algo::Fa2,
+        None | Some("fa3") => None,
+        Some("fa3-full") => Some(Algo::Fa3(Techniques::FULL)),
+        Some("fa3-nopingpong") => Some(Algo::Fa3(Techniques::NO_PINGPONG)),
+        Some("fa3-nooverlap") => Some(Algo::Fa3(Techniques::NO_OVERLAP)),
+        Some("fa3-nows") => Some(Algo::Fa3(Techniques::NO_WARP_SPECIALIZATION)),
+        Some("fa2") => Some(Algo::Fa2),
         Some(x) => {
             return Err(CliError::Usage(format!(
-                "--algo {x:?}: expected fa3, fa2, fa3-nopingpong, fa3-nooverlap or fa3-nows"
+                "--algo {x:?}: expected fa3, fa2, fa3-full, fa3-nopingpong, fa3-nooverlap or fa3-nows"
             )));
         }
     })
@@ -168,11 +172,12 @@ fn parse_schedule(s: Option<&str>) -> CliResult<Schedule> {
 }
 
 /// Short name of a kernel family (CSV `impl` column).
-fn algo_name(a: Algo) -> &'static str {
+fn algo_name(a: Option<Algo>) -> &'static str {
     use flash_attn3::Techniques;
+    let Some(a) = a else { return "fa3" };
     match a {
         Algo::Fa2 => "fa2",
-        Algo::Fa3(t) if t == Techniques::FULL => "fa3",
+        Algo::Fa3(t) if t == Techniques::FULL => "fa3-full",
         Algo::Fa3(t) if t == Techniques::NO_PINGPONG => "fa3-nopingpong",
         Algo::Fa3(t) if t == Techniques::NO_OVERLAP => "fa3-nooverlap",
         Algo::Fa3(_) => "fa3-nows",
@@ -301,7 +306,10 @@ fn cmd_run(args: &[String]) -> CliResult<()> {
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
-    let mut opts = AttnOptions::default().causal(causal).algo(algo).schedule(schedule);
+    let mut opts = AttnOptions::default().causal(causal).schedule(schedule);
+    if let Some(algo) = algo {
+        opts = opts.algo(algo);
+    }
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
     }
@@ -437,7 +445,10 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
             for &causal in &causal_modes {
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
                 let mut o = out.view_mut(shape);
-                let opts = AttnOptions::default().causal(causal).algo(algo).schedule(schedule);
+                let mut opts = AttnOptions::default().causal(causal).schedule(schedule);
+                if let Some(algo) = algo {
+                    opts = opts.algo(algo);
+                }
                 let t = time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, warmup, warmup_ms, iters, timing_ms)?;
                 let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
                 println!(

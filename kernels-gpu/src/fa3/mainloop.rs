@@ -353,8 +353,10 @@ where
             wgmma::commit();
             OnlineSoftmax::rescale(&mut o, alpha);
             o.fence_operand();
-            wgmma::fence();
             ops.v.consumer_wait(*rings.vst);
+            // After the wait: a spin loop between the fence and the wgmma makes ptxas 13.0
+            // (the driver's JIT) inject another `warpgroup.arrive` (C7519).
+            wgmma::fence();
             pv::<E, _, PK>(&mut o, &pf, ops.v_desc::<BLOCK_N>(*rings.vst));
             wgmma::commit();
             pingpong.end();
@@ -382,17 +384,28 @@ where
         // Also moves the ring on: its position carries over to the next tile.
         rings.release_v(n - 1);
     } else {
-        // n - first GEMM turns: QK_i; then softmax, PV_i, serially.
-        for i in first..n {
-            ops.k.consumer_wait(*rings.kst);
-            pingpong.begin();
-            fence_before_gemms(&mut s, &mut o, &mut pf);
-            qk::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, ops.q_desc, ops.k_desc(*rings.kst));
-            wgmma::commit();
-            pingpong.end();
-            wgmma::wait::<0>();
-            s.fence_operand();
-            rings.release_k(i);
+        // n - first GEMM turns: QK_i; then softmax, PV_i, serially. The loop is rotated
+        // (QK_first before it, QK_{i+1} at the end of step i), as in the overlap path, for
+        // the driver's PTX JIT: ptxas 13.0 (580 drivers; 13.1 and later do not) took Q's
+        // fragments as dead after a body-opening RS QK^T when branches followed it, and put
+        // P in their registers (docs/perf.md item 49). Rotated, Q's last use in the body is
+        // its last instruction, and 13.0 keeps Q's registers (tests/tests/ptx.rs checks).
+        macro_rules! qk_turn {
+            ($i:expr) => {
+                ops.k.consumer_wait(*rings.kst);
+                pingpong.begin();
+                fence_before_gemms(&mut s, &mut o, &mut pf);
+                qk_any::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, qf, ops.q_desc, ops.k_desc(*rings.kst));
+                wgmma::commit();
+                pingpong.end();
+                wgmma::wait::<0>();
+                s.fence_operand();
+                rings.release_k($i);
+            };
+        }
+        qk_turn!(first);
+        let mut i = first;
+        loop {
             let alpha = masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, i);
             OnlineSoftmax::rescale(&mut o, alpha);
             pf = to_p::<E, SN, PK>(&s);
@@ -403,6 +416,11 @@ where
             wgmma::wait::<0>();
             o.fence_operand();
             rings.release_v(i);
+            i += 1;
+            if i == n {
+                break;
+            }
+            qk_turn!(i);
         }
     }
     (o, softmax)
