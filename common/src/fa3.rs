@@ -29,12 +29,13 @@ impl Techniques {
 }
 
 /// The techniques the planner uses when the caller names no algorithm. hdim 128 without
-/// clusters leaves pingpong out: with Q in registers, QK^T reads only K from shared
-/// memory, and the kernel without pingpong was faster in every round of an A/B
-/// (+0.9-1.8% at 4k and 16k, docs/perf.md item 48). The multicast kernels keep it
-/// (not measured without).
-pub const fn default_techniques(hdim: u32, cluster: u32) -> Techniques {
-    if hdim == 128 && cluster == 1 { Techniques::NO_PINGPONG } else { Techniques::FULL }
+/// clusters and without a causal mask leaves pingpong out: with Q in registers, QK^T
+/// reads only K from shared memory, and the kernel without pingpong was faster in every
+/// round of two A/Bs (+0.9-1.8% at 2k-16k, docs/perf.md items 48 and 50). With a causal
+/// mask pingpong stays (without it: -3% at 8k, within 1% elsewhere, item 50). The
+/// multicast kernels keep it (not measured without).
+pub const fn default_techniques(hdim: u32, cluster: u32, causal: bool) -> Techniques {
+    if hdim == 128 && cluster == 1 && !causal { Techniques::NO_PINGPONG } else { Techniques::FULL }
 }
 
 /// Lazy rescaling (FlashAttention-4): the kernels keep a row's running max, and skip the

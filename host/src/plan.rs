@@ -16,7 +16,7 @@ pub struct AttnOptions {
     pub causal: bool,
     /// Kernel family; `None` picks the fastest available: FlashAttention-3 with the head
     /// dim's default techniques (`common::fa3::default_techniques`: no pingpong at hdim
-    /// 128). `Algo::Fa3(Techniques::FULL)` forces every technique.
+    /// 128 without a causal mask). `Algo::Fa3(Techniques::FULL)` forces every technique.
     pub algo: Option<Algo>,
     /// How FA3 tiles are spread over the GPU.
     pub schedule: Schedule,
@@ -229,7 +229,7 @@ pub fn plan_forward(
         (s, _) => s,
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
-    let algo = opts.algo.unwrap_or(Algo::Fa3(fa3::default_techniques(hdim as u32, cluster)));
+    let algo = opts.algo.unwrap_or(Algo::Fa3(fa3::default_techniques(hdim as u32, cluster, opts.causal)));
     let kernel =
         common::find_kernel(algo, hdim as u32, q.dtype, cluster).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let params = FwdParams {

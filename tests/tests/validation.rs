@@ -122,7 +122,7 @@ fn the_fa2_kernel_can_be_forced() {
 }
 
 #[test]
-fn hdim_128_defaults_to_no_pingpong_and_can_force_every_technique() {
+fn hdim_128_defaults_to_no_pingpong_without_a_mask_and_can_force_every_technique() {
     for dtype in DType::ALL {
         let mut c = Call::good();
         for t in [&mut c.q, &mut c.k, &mut c.v, &mut c.out] {
@@ -130,6 +130,10 @@ fn hdim_128_defaults_to_no_pingpong_and_can_force_every_technique() {
         }
         let plan = c.plan().unwrap();
         assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::NO_PINGPONG), "{dtype:?}");
+        // A causal mask keeps pingpong.
+        c.opts = c.opts.causal(true);
+        assert_eq!(c.plan().unwrap().kernel.algo, Algo::Fa3(Techniques::FULL), "{dtype:?} causal");
+        c.opts = c.opts.causal(false);
         c.opts = c.opts.algo(Algo::Fa3(Techniques::FULL));
         assert_eq!(c.plan().unwrap().kernel.algo, Algo::Fa3(Techniques::FULL), "{dtype:?}");
     }

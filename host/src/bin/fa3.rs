@@ -26,7 +26,7 @@ USAGE:
       --seed N         random seed (default: from the clock)
       --device N       GPU ordinal (default 0)
       --algo NAME      fa3 (default: FA3 with the head dim's default techniques;
-                       no pingpong at hdim 128), fa2, or an FA3 variant: fa3-full
+                       no pingpong at hdim 128 non-causal), fa2, or an FA3 variant: fa3-full
                        (every technique), fa3-nopingpong, fa3-nooverlap, fa3-nows
                        (the last two hdim 128 f16 only)
       --schedule S     FA3 grid: auto (default), persistent, dynamic, multicast
