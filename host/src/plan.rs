@@ -25,10 +25,10 @@ pub struct AttnOptions {
 /// Grid of the FA3 kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Schedule {
-    /// Without a causal mask: persistent with the static order (every tile costs the
-    /// same); with one, persistent with the dynamic order (tiles differ in cost), or one
-    /// tile per CTA for the kernel without warp specialization (which has no producer to
-    /// claim tiles).
+    /// Without a causal mask and with whole query blocks: persistent with the static
+    /// order (every tile costs the same); otherwise persistent with the dynamic order
+    /// (tiles differ in cost), or one tile per CTA for the kernel without warp
+    /// specialization (which has no producer to claim tiles).
     #[default]
     Auto,
     /// One CTA per SM, each taking every grid-th tile; a tile's loads overlap the
@@ -212,8 +212,14 @@ pub fn plan_forward(
     // The schedule depends only on whether the kernel is warp-specialized, which every
     // default is; the default's techniques depend on the cluster the schedule picks.
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
+    let tile_rows = fa3::tile_config(hdim as u32).block_m() as usize;
     let schedule = match (opts.schedule, algo) {
-        (Schedule::Auto, Algo::Fa3(_)) if !opts.causal => Schedule::Persistent,
+        // Without a mask every tile costs the same unless the last query block is short;
+        // then the static order, whose stride (the SM count) is often a multiple of
+        // the blocks per head, hands every short tile to the same few CTAs (hdim 64 at
+        // 1k: 6 blocks of 192 rows, 132 SMs): the counter balances them (+5% there,
+        // docs/perf.md item 51).
+        (Schedule::Auto, Algo::Fa3(_)) if !opts.causal && seqlen_q % tile_rows == 0 => Schedule::Persistent,
         (Schedule::Auto, Algo::Fa3(t)) if t.warp_specialized => Schedule::PersistentDynamic,
         (Schedule::Auto, _) => Schedule::TilePerCta,
         (Schedule::PersistentDynamic, Algo::Fa3(t)) if !t.warp_specialized => {

@@ -91,6 +91,25 @@ fn persistent_grid_is_capped_at_the_sm_count() {
 }
 
 #[test]
+fn short_last_query_blocks_are_balanced_by_the_tile_counter() {
+    // hdim 64 tiles have 192 rows: 1024 rows end in a 64-row block, 1152 do not.
+    for (seqlen, counter) in [(1024, true), (1152, false), (4096, true)] {
+        let mut c = Call::shaped([16, seqlen, 32, 64], [16, seqlen, 32, 64], DType::F16);
+        let plan = c.plan().unwrap();
+        assert_eq!(plan.tile_counter, counter, "hdim 64, seqlen {seqlen}");
+        assert_eq!(plan.grid, (132, 1, 1));
+        // An explicit static schedule is kept.
+        c.opts = c.opts.schedule(Schedule::Persistent);
+        assert!(!c.plan().unwrap().tile_counter);
+    }
+    // hdim 128 tiles have 128 rows.
+    for (seqlen, counter) in [(1024, false), (1000, true)] {
+        let c = Call::shaped([16, seqlen, 16, 128], [16, seqlen, 16, 128], DType::F16);
+        assert_eq!(c.plan().unwrap().tile_counter, counter, "hdim 128, seqlen {seqlen}");
+    }
+}
+
+#[test]
 fn dynamic_schedule_needs_no_counter_when_every_tile_has_its_own_cta() {
     let mut c = Call::good();
     c.opts = AttnOptions::default().causal(true).schedule(Schedule::PersistentDynamic);
