@@ -148,10 +148,9 @@ pub struct FwdParams {
     /// FA3: device address of a zeroed u32 from which CTAs claim tiles in order (a
     /// dynamic persistent schedule); 0: each CTA takes every grid-th tile.
     pub tile_counter: u64,
-    /// FA3: tiles are numbered in sections of `2^section_log2` (batch, head) pairs
-    /// (a power of two dividing `batch * heads_q`) whose K/V fit in L2 together;
-    /// within a section query blocks are the slow index, so the heaviest (causal) or
-    /// whole (non-causal) blocks of all its heads come before the lighter ones.
+    /// FA3: tiles are numbered in sections of `2^section_log2` (batch, head) pairs (a
+    /// power of two dividing `batch * heads_q`); within a section query blocks are the
+    /// slow index, so the heaviest blocks of all its heads come first.
     pub section_log2: u32,
 }
 

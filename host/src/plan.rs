@@ -140,10 +140,18 @@ fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
 
 /// L2 the K/V of one section of tiles may fill (of the H100's 50 MB; FA3 uses 32 MB).
 const SECTION_L2_BYTES: usize = 32 << 20;
+/// Sections of more heads lost 0-8% (short sequences: each head's few tiles then run far
+/// apart in time); see [`section_log2`].
+const SECTION_MAX_HEADS: usize = 32;
+/// Longest key sequence measured to gain from sections.
+const SECTION_MAX_SEQLEN_K: usize = 8192;
 
-/// The largest power of two dividing `heads` ((batch, head) pairs) whose K/V fit in
-/// [`SECTION_L2_BYTES`] together (at least one head): the section size of a dynamic
-/// tile order (`FwdParams::section_log2`).
+/// The section size of a causal call's dynamic tile order (`FwdParams::section_log2`):
+/// the largest power of two dividing `heads` ((batch, head) pairs) whose K/V fit in
+/// [`SECTION_L2_BYTES`] together, used only where sections were measured to win
+/// (docs/perf.md item 52; on the FA3 grid +2-6% at 2k-8k): at most
+/// [`SECTION_MAX_HEADS`] heads and keys up to [`SECTION_MAX_SEQLEN_K`] (at 16k, hdim
+/// 128 lost 2.3%). Otherwise 0 (one head per section: query blocks fastest).
 pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize) -> u32 {
     // K and V, 2 bytes per element; `kv_group` query heads read one K/V head.
     let kv_bytes = |n: usize| n.div_ceil(kv_group.max(1)) * seqlen_k * hdim * 4;
@@ -151,7 +159,7 @@ pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize)
     while k < heads.trailing_zeros() && kv_bytes(2 << k) <= SECTION_L2_BYTES {
         k += 1;
     }
-    k
+    if (1 << k) > SECTION_MAX_HEADS || seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k }
 }
 
 fn strides(l: &Layout) -> Strides {
@@ -295,7 +303,7 @@ pub fn plan_forward(
             }
         }
     };
-    if tile_counter {
+    if tile_counter && opts.causal {
         params.section_log2 = section_log2(batch * heads_q, heads_q / heads_k, seqlen_k, hdim);
     }
     let tma = match algo {

@@ -1,11 +1,11 @@
 //! Which tiles a CTA computes, in which order, and which key blocks each visits.
 //!
 //! Tiles are numbered in sections of `2^p.section_log2` (batch, head) pairs, then batch
-//! and head. Within a section the query block is the slow index: under a causal mask
-//! the heaviest blocks (the last, which see the most keys) of all its heads come first,
-//! without one the whole blocks come before a short last one. The host sizes sections
-//! so that their K/V fit in L2 together (the tiles running at one time share them), and
-//! uses sections of one head for the static orders (query blocks fastest).
+//! and head. Within a section the query block is the slow index, heaviest first (under a
+//! causal mask the last query block sees the most keys): the heaviest blocks of all the
+//! section's heads come before the lighter ones, while their K/V fit in L2 together (the
+//! tiles running at one time share them). With sections of one head (the static orders,
+//! and the host's default) query blocks are the fast index.
 //!
 //! CTA `c` of a grid of `G` starts with tile `c`. Its next tiles are either `c + G,
 //! c + 2G, ...` (static: with `G` = number of tiles, one tile per CTA, scheduled by the
@@ -58,8 +58,7 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileOrder<BLOCK_M, BLOCK_N> {
         let k = p.section_log2;
         let section = t.checked_div(self.units << k).unwrap_or(0);
         let r = t - section * (self.units << k);
-        let step = r >> k;
-        let unit = if p.causal != 0 { self.units - 1 - step } else { step };
+        let unit = self.units - 1 - (r >> k);
         let m_block = unit * self.cluster + self.rank;
         let hb = (section << k) | (r & ((1 << k) - 1));
         let head = hb.checked_rem(p.heads_q).unwrap_or(0);
