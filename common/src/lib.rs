@@ -148,6 +148,10 @@ pub struct FwdParams {
     /// FA3: device address of a zeroed u32 from which CTAs claim tiles in order (a
     /// dynamic persistent schedule); 0: each CTA takes every grid-th tile.
     pub tile_counter: u64,
+    /// FA3: tiles are numbered in sections of `2^section_log2` (batch, head) pairs (a
+    /// power of two dividing `batch * heads_q`); within a section query blocks are the
+    /// slow index, so the heaviest blocks of all its heads come first.
+    pub section_log2: u32,
 }
 
 /// Tile shape of the FA2 (`mma.sync`) kernel: query rows per CTA, keys per inner step,

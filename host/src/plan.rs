@@ -138,6 +138,30 @@ fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
     Ok(())
 }
 
+/// L2 the K/V of one section of tiles may fill (of the H100's 50 MB; FA3 uses 32 MB).
+const SECTION_L2_BYTES: usize = 32 << 20;
+/// Sections of more heads lost 0-8% (short sequences: each head's few tiles then run far
+/// apart in time); see [`section_log2`].
+const SECTION_MAX_HEADS: usize = 32;
+/// Longest key sequence measured to gain from sections.
+const SECTION_MAX_SEQLEN_K: usize = 8192;
+
+/// The section size of a causal call's dynamic tile order (`FwdParams::section_log2`):
+/// the largest power of two dividing `heads` ((batch, head) pairs) whose K/V fit in
+/// [`SECTION_L2_BYTES`] together, used only where sections were measured to win
+/// (docs/perf.md item 52; on the FA3 grid +2-6% at 2k-8k): at most
+/// [`SECTION_MAX_HEADS`] heads and keys up to [`SECTION_MAX_SEQLEN_K`] (at 16k, hdim
+/// 128 lost 2.3%). Otherwise 0 (one head per section: query blocks fastest).
+pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize) -> u32 {
+    // K and V, 2 bytes per element; `kv_group` query heads read one K/V head.
+    let kv_bytes = |n: usize| n.div_ceil(kv_group.max(1)) * seqlen_k * hdim * 4;
+    let mut k = 0;
+    while k < heads.trailing_zeros() && kv_bytes(2 << k) <= SECTION_L2_BYTES {
+        k += 1;
+    }
+    if (1 << k) > SECTION_MAX_HEADS || seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k }
+}
+
 fn strides(l: &Layout) -> Strides {
     Strides { batch: l.strides[0] as u64, row: l.strides[1] as u64, head: l.strides[2] as u64 }
 }
@@ -238,7 +262,7 @@ pub fn plan_forward(
     let algo = opts.algo.unwrap_or(Algo::Fa3(fa3::default_techniques(hdim as u32, cluster, opts.causal)));
     let kernel =
         common::find_kernel(algo, hdim as u32, q.dtype, cluster).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
-    let params = FwdParams {
+    let mut params = FwdParams {
         q: q.addr,
         k: k.addr,
         v: v.addr,
@@ -258,6 +282,7 @@ pub fn plan_forward(
         softmax_scale: scale,
         causal: opts.causal as u32,
         tile_counter: 0,
+        section_log2: 0,
     };
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), false),
@@ -278,6 +303,9 @@ pub fn plan_forward(
             }
         }
     };
+    if tile_counter && opts.causal {
+        params.section_log2 = section_log2(batch * heads_q, heads_q / heads_k, seqlen_k, hdim);
+    }
     let tma = match algo {
         Algo::Fa2 => None,
         Algo::Fa3(_) => {

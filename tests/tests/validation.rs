@@ -110,6 +110,38 @@ fn short_last_query_blocks_are_balanced_by_the_tile_counter() {
 }
 
 #[test]
+fn dynamic_tile_sections_fit_l2_and_divide_the_heads() {
+    use flash_attn3::plan::section_log2;
+    // K/V of one head at 4k, hdim 128: 2 MiB, so 16 heads fill 32 MiB.
+    assert_eq!(section_log2(64, 1, 4096, 128), 4);
+    assert_eq!(section_log2(16, 1, 8192, 256), 2);
+    // The section divides the heads: 48 = 16 * 3.
+    assert_eq!(section_log2(48, 1, 4096, 128), 4);
+    assert_eq!(section_log2(15, 1, 4096, 128), 0);
+    // GQA: four query heads read one K/V head.
+    assert_eq!(section_log2(64, 4, 8192, 128), 5);
+    // Not measured to win: more than 32 heads (hdim 64 at 1k would take 128), or 16k keys.
+    assert_eq!(section_log2(512, 1, 1024, 64), 0);
+    assert_eq!(section_log2(16, 1, 16384, 128), 0);
+    assert_eq!(section_log2(32, 1, 16384, 64), 0);
+
+    // Only the counter's order of a causal call is sectioned; the static orders keep
+    // query blocks fastest.
+    let mut c = Call::shaped([4, 4096, 16, 128], [4, 4096, 16, 128], DType::F16);
+    c.opts = c.opts.causal(true);
+    let plan = c.plan().unwrap();
+    assert!(plan.tile_counter);
+    assert_eq!(plan.params.section_log2, 4);
+    c.opts = c.opts.schedule(Schedule::Persistent);
+    assert_eq!(c.plan().unwrap().params.section_log2, 0);
+    // Without a mask the counter is used for a short last block, in the plain order.
+    let c = Call::shaped([4, 4000, 16, 128], [4, 4000, 16, 128], DType::F16);
+    let plan = c.plan().unwrap();
+    assert!(plan.tile_counter);
+    assert_eq!(plan.params.section_log2, 0);
+}
+
+#[test]
 fn dynamic_schedule_needs_no_counter_when_every_tile_has_its_own_cta() {
     let mut c = Call::good();
     c.opts = AttnOptions::default().causal(true).schedule(Schedule::PersistentDynamic);

@@ -1,8 +1,11 @@
 //! Which tiles a CTA computes, in which order, and which key blocks each visits.
 //!
-//! Tiles are numbered with query blocks fastest (heaviest first: under a causal mask the
-//! last query block sees the most keys), then heads, then batch, so the tiles running at
-//! one time share K/V in L2, and the last tiles handed out are the lightest.
+//! Tiles are numbered in sections of `2^p.section_log2` (batch, head) pairs, then batch
+//! and head. Within a section the query block is the slow index, heaviest first (under a
+//! causal mask the last query block sees the most keys): the heaviest blocks of all the
+//! section's heads come before the lighter ones, while their K/V fit in L2 together (the
+//! tiles running at one time share them). With sections of one head (the static orders,
+//! and the host's default) query blocks are the fast index.
 //!
 //! CTA `c` of a grid of `G` starts with tile `c`. Its next tiles are either `c + G,
 //! c + 2G, ...` (static: with `G` = number of tiles, one tile per CTA, scheduled by the
@@ -50,10 +53,14 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileOrder<BLOCK_M, BLOCK_N> {
     /// Tile number `t` (< `total`).
     #[inline(always)]
     pub fn tile(&self, t: u32, p: &FwdParams) -> Tile {
-        // The host guarantees non-zero sizes; checked ops keep panics out of the kernel.
-        let unit = self.units - 1 - t.checked_rem(self.units).unwrap_or(0);
+        // The host guarantees non-zero sizes and a section that divides the heads;
+        // checked ops keep panics out of the kernel.
+        let k = p.section_log2;
+        let section = t.checked_div(self.units << k).unwrap_or(0);
+        let r = t - section * (self.units << k);
+        let unit = self.units - 1 - (r >> k);
         let m_block = unit * self.cluster + self.rank;
-        let hb = t.checked_div(self.units).unwrap_or(0);
+        let hb = (section << k) | (r & ((1 << k) - 1));
         let head = hb.checked_rem(p.heads_q).unwrap_or(0);
         Tile {
             m_block,
