@@ -22,6 +22,6 @@ with open(out, "w") as f:
         f.write(",".join(key) + f",{ms:.4f},{flop / ms:.1f}\n")
         lo, hi = min(m for m, _ in runs), max(m for m, _ in runs)
         impl = key[0]
-        spread[impl] = max(spread.get(impl, (0, None)), (hi / lo - 1, key), key=lambda x: x[0])
+        spread[impl] = max(spread.get(impl, (-1.0, key)), (hi / lo - 1, key), key=lambda x: x[0])
 for impl, (s, key) in spread.items():
     print(f"{impl}: {len(inputs)} rounds, largest spread {100 * s:.1f}% at {','.join(key[1:])}")
