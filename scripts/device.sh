@@ -19,17 +19,6 @@ ALGO=${ALGO:-fa3}
 mkdir -p "$OUT"
 status=0
 
-# One compute-sanitizer run of `fa3 run ARGS...`: its summary line and exit status, and
-# "SANITIZER FAILED" when the status is not 0.
-sanitize_one() {
-  local tool=$1 label=$2
-  shift 2
-  timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 $B/fa3 run "$@" > "$TMP/san.log" 2>&1
-  local rc=$?
-  echo "$tool $label: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$TMP/san.log" | tail -1) (rc $rc)"
-  [ $rc -eq 0 ] || echo "SANITIZER FAILED"
-}
-
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
@@ -72,24 +61,21 @@ for step in "$@"; do
           "$(grep -c UTMALDG /tmp/one.sass)" "$(grep -c UTMASTG /tmp/one.sass)" "$(grep -c 'LDL' /tmp/one.sass)" "$(grep -c 'STL' /tmp/one.sass)"
       done | tee "$OUT/sass_summary.txt" ;;
     sanitize)
+      # memcheck, racecheck and synccheck on 8 cases each, 8 runs at a time:
+      # causal 1x200x2 (one tile per CTA) and 1x256x70 (140 tiles > 132 SMs: the counter,
+      # in sections of 2 heads) at hdim 64, 128, 256; hdim 64 1x1100x2 without a mask
+      # (the counter for a short last block; warpgroups past the end skip their rows);
+      # hdim 128 1x300x2 without a mask (the kernel without pingpong); then the 2-CTA
+      # multicast kernel and hdim 128 with pingpong forced.
       for tool in memcheck racecheck synccheck; do
-        for d in 64 128 256; do
-          # 1x200x2: one tile per CTA; 1x256x70: 140 causal tiles > 132 SMs, so CTAs claim
-          # tiles from the counter (dynamic persistent schedule).
-          for shape in 1x200x2x$d 1x256x70x$d; do
-            sanitize_one $tool "$shape" --random $shape --causal --dtype f16 --algo "$ALGO"
-          done
+        for a in "1x200x2x64 --causal" "1x256x70x64 --causal" "1x1100x2x64" "1x200x2x128 --causal" \
+          "1x256x70x128 --causal" "1x300x2x128" "1x200x2x256 --causal" "1x256x70x256 --causal" \
+          "1x300x4x128 --heads-k 2 --schedule multicast" "1x300x2x128 --algo fa3-full"; do
+          echo "$tool $a"
         done
-        # hdim 64's 192-row kernel (causal past 1k, and non-causal), whose warpgroups skip
-        # masked key blocks and, in the last tile, rows past the end.
-        sanitize_one $tool "1x1100x2x64 causal" --random 1x1100x2x64 --causal --dtype f16
-        sanitize_one $tool "1x200x2x64" --random 1x200x2x64 --dtype f16
-        # Non-causal hdim 128: 2-CTA clusters sharing K/V by multicast (3 query blocks:
-        # one CTA of the second pair has no rows).
-        sanitize_one $tool "1x300x4x128 multicast" --random 1x300x4x128 --heads-k 2 --dtype f16 --schedule multicast
-        # hdim 128 with pingpong (its default leaves it out).
-        sanitize_one $tool "1x300x2x128 full" --random 1x300x2x128 --dtype f16 --algo fa3-full
-      done | tee "$OUT/sanitize.log"
+      done | B=$B TMP=$TMP xargs -P 8 -L 1 bash -c 'tool=$0; log=$(mktemp -p "$TMP"); timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/fa3" run --dtype f16 --random "$@" > "$log" 2>&1; rc=$?
+          echo "$tool $*: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1) (rc $rc)"; [ $rc -eq 0 ] || echo "SANITIZER FAILED $tool $*"' \
+        | sort | tee "$OUT/sanitize.log"
       ! grep -q "SANITIZER FAILED" "$OUT/sanitize.log" || status=1 ;;
     clocks)
       cfg=${CLOCK_CONFIG:---hdims 128 --seqlens 4096 --causal off}
