@@ -61,7 +61,7 @@ pub const Q_IN_REGISTERS: bool = true;
 /// JIT of the lent H100) reused Q's registers for P (docs/perf.md items 44 and 49).
 /// `tests/tests/ptx.rs` checks the JIT's SASS for such writes, and that these kernels
 /// load Q with `ldmatrix`.
-pub const fn q_in_registers(hdim: u32, _overlap: bool) -> bool {
+pub const fn q_in_registers(hdim: u32) -> bool {
     Q_IN_REGISTERS && hdim == 128
 }
 

@@ -149,7 +149,7 @@ const SECTION_MAX_SEQLEN_K: usize = 8192;
 /// The section size of a causal call's dynamic tile order (`FwdParams::section_log2`):
 /// the largest power of two dividing `heads` ((batch, head) pairs) whose K/V fit in
 /// [`SECTION_L2_BYTES`] together, used only where sections were measured to win
-/// (docs/perf.md item 52; on the FA3 grid +2-6% at 2k-8k): at most
+/// (docs/perf.md item 53; on the FA3 grid +2-6% at 2k-8k): at most
 /// [`SECTION_MAX_HEADS`] heads and keys up to [`SECTION_MAX_SEQLEN_K`] (at 16k, hdim
 /// 128 lost 2.3%). Otherwise 0 (one head per section: query blocks fastest).
 pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize) -> u32 {
@@ -242,7 +242,7 @@ pub fn plan_forward(
         // then the static order, whose stride (the SM count) is often a multiple of
         // the blocks per head, hands every short tile to the same few CTAs (hdim 64 at
         // 1k: 6 blocks of 192 rows, 132 SMs): the counter balances them (+5% there,
-        // docs/perf.md item 51).
+        // docs/perf.md item 52).
         (Schedule::Auto, Algo::Fa3(_)) if !opts.causal && seqlen_q % tile_rows == 0 => Schedule::Persistent,
         (Schedule::Auto, Algo::Fa3(t)) if t.warp_specialized => Schedule::PersistentDynamic,
         (Schedule::Auto, _) => Schedule::TilePerCta,

@@ -299,6 +299,18 @@ impl KernelReport {
     }
 }
 
+/// Why a `ptxas -v` run ([`run_ptxas`]) is not clean: each kernel with a spill, a stack
+/// frame or a warning, each line ptxas printed outside a kernel's report, and a count
+/// of kernels other than `expected`. Empty when clean.
+pub fn report_problems(kernels: &[KernelReport], loose: &[String], expected: usize) -> Vec<String> {
+    let mut problems: Vec<String> = kernels.iter().filter(|k| !k.is_clean()).map(|k| format!("{k:?}")).collect();
+    problems.extend(loose.iter().cloned());
+    if kernels.len() != expected {
+        problems.push(format!("ptxas reported {} kernels, expected {expected}", kernels.len()));
+    }
+    problems
+}
+
 /// Finds `ptxas`: `$FA3_PTXAS`, then `PATH`, then PyPI's `nvidia-cuda-nvcc` wheel in
 /// any `site-packages` that `python3` knows.
 pub fn find_ptxas() -> Option<PathBuf> {

@@ -162,11 +162,14 @@ fn cases() -> Vec<Case> {
             v.push(Case { b: 8, sq: 1024, sk: 1024, hq: 16, hk: 4, ..base });
         }
     }
-    // The hdim 128 variants other than its default (no pingpong) compute the same
-    // function: every technique (both dtypes), and the fp16 ablation kernels.
+    // The hdim 128 variants other than its defaults (no pingpong without a mask, every
+    // technique with one) compute the same function: every technique and no pingpong
+    // (both dtypes, both masks), and the fp16 ablation kernels.
     let variants = [
         (Techniques::FULL, DType::F16),
         (Techniques::FULL, DType::BF16),
+        (Techniques::NO_PINGPONG, DType::F16),
+        (Techniques::NO_PINGPONG, DType::BF16),
         (Techniques::NO_OVERLAP, DType::F16),
         (Techniques::NO_WARP_SPECIALIZATION, DType::F16),
     ];

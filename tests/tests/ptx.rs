@@ -13,6 +13,7 @@ use flash_attn3::gpu::PTX;
 use libtest_mimic::{Arguments, Failed, Trial};
 use ptx_builder::sass::{self, Code};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 fn targets_sm90a_and_exports_every_kernel() -> Result<(), Failed> {
     if !PTX.lines().any(|l| l.trim() == ".target sm_90a") {
@@ -86,47 +87,77 @@ fn kernels_cannot_panic() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Writes `ptx` to a fresh directory and assembles it with `ptxas`; the cubin is left
-/// next to it (`kernels.cubin`).
-fn assemble(ptxas: &Path, ptx: &str, tag: &str) -> Result<(PathBuf, Vec<ptx_builder::KernelReport>, Vec<String>), Failed> {
-    let dir = std::env::temp_dir().join(format!("fa3-ptx-test-{}-{tag}", std::process::id()));
+/// `ptx` assembled by one ptxas: the directory holding `kernels.ptx` and
+/// `kernels.cubin`, and the `-v` report.
+struct Assembly {
+    dir: PathBuf,
+    kernels: Vec<ptx_builder::KernelReport>,
+    loose: Vec<String>,
+}
+
+/// This process' directory for the assembly named `tag`.
+fn work_dir(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("fa3-ptx-test-{}-{tag}", std::process::id()))
+}
+
+/// Writes `ptx` to a fresh directory and assembles it with `ptxas`.
+fn assemble(ptxas: &Path, ptx: &str, tag: &str) -> Result<Assembly, Failed> {
+    let dir = work_dir(tag);
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("kernels.ptx");
     std::fs::write(&path, ptx)?;
     let (kernels, loose) = ptx_builder::run_ptxas(ptxas, &path)?;
-    Ok((dir, kernels, loose))
+    Ok(Assembly { dir, kernels, loose })
 }
 
-fn assembles_without_spills(ptxas: PathBuf, tag: &str) -> Result<(), Failed> {
-    let (dir, kernels, loose) = assemble(&ptxas, PTX, tag)?;
-    std::fs::remove_dir_all(&dir).ok();
-    let mut problems: Vec<String> = kernels.iter().filter(|k| !k.is_clean()).map(|k| format!("{k:?}")).collect();
-    problems.extend(loose);
-    if kernels.len() != common::KERNELS.len() {
-        problems.push(format!("ptxas reported {} kernels, expected {}", kernels.len(), common::KERNELS.len()));
+/// Which ptxas assembles the shipped PTX.
+#[derive(Clone, Copy)]
+enum Ptxas {
+    Latest,
+    DriverJit,
+}
+
+/// The shipped PTX assembled by `ptxas`, once per ptxas for all the trials that read it
+/// (the JIT's report and its SASS come from one run); `main` removes the directories.
+fn shipped(ptxas: &Path, which: Ptxas) -> Result<&'static Assembly, Failed> {
+    static LATEST: OnceLock<Result<Assembly, String>> = OnceLock::new();
+    static JIT: OnceLock<Result<Assembly, String>> = OnceLock::new();
+    let (cell, tag) = match which {
+        Ptxas::Latest => (&LATEST, "latest"),
+        Ptxas::DriverJit => (&JIT, "jit"),
+    };
+    let a = cell.get_or_init(|| assemble(ptxas, PTX, tag).map_err(|e| format!("{e:?}")));
+    a.as_ref().map_err(|e| e.clone().into())
+}
+
+/// Removes what [`shipped`] assembled.
+fn remove_shipped() {
+    for tag in ["latest", "jit"] {
+        std::fs::remove_dir_all(work_dir(tag)).ok();
     }
-    for k in &kernels {
+}
+
+fn assembles_without_spills(ptxas: PathBuf, which: Ptxas) -> Result<(), Failed> {
+    let a = shipped(&ptxas, which)?;
+    for k in &a.kernels {
         println!("    {:<28} {:>3} registers, {} B stack, {} B spilled", k.name, k.registers, k.stack_frame, k.spill_stores);
     }
+    let problems = ptx_builder::report_problems(&a.kernels, &a.loose, common::KERNELS.len());
     if problems.is_empty() { Ok(()) } else { Err(problems.join("\n").into()) }
 }
 
-/// Disassembles `ptx` as compiled by `ptxas`: each kernel's instructions.
-fn sass_of(ptxas: &Path, nvdisasm: &Path, ptx: &str, tag: &str) -> Result<Vec<(String, Code)>, Failed> {
-    let (dir, _, _) = assemble(ptxas, ptx, tag)?;
-    let code = sass::disassemble(nvdisasm, &dir.join("kernels.cubin"));
-    std::fs::remove_dir_all(&dir).ok();
-    Ok(code?)
+/// Each kernel's instructions in a cubin.
+fn sass_of(nvdisasm: &Path, a: &Assembly) -> Result<Vec<(String, Code)>, Failed> {
+    Ok(sass::disassemble(nvdisasm, &a.dir.join("kernels.cubin"))?)
 }
 
 /// In the SASS the driver's JIT makes, no write but an `ldmatrix` load reaches the A
 /// operand of a QK^T `HGMMA` in any FA3 kernel, and the kernels that keep Q in registers
 /// (`common::fa3::q_in_registers`) do load it (8 `LDSM`: the check is not vacuous).
 fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
-    let code = sass_of(&ptxas, &nvdisasm, PTX, "q")?;
+    let code = sass_of(&nvdisasm, shipped(&ptxas, Ptxas::DriverJit)?)?;
     let mut problems = Vec::new();
     for k in common::KERNELS.iter().filter(|k| matches!(k.algo, common::Algo::Fa3(_))) {
-        let common::Algo::Fa3(t) = k.algo else { unreachable!() };
         let Some((_, kernel)) = code.iter().find(|(n, _)| n == k.name) else {
             problems.push(format!("{}: not in the SASS", k.name));
             continue;
@@ -137,7 +168,7 @@ fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Resu
             problems.push(format!("{}: {} non-ldmatrix writes reach QK^T's A operand, e.g. {shown:?}", k.name, violations.len()));
         }
         let loads = sass::ldsm_count(kernel);
-        let expected = if common::fa3::q_in_registers(k.hdim, t.intra_overlap) { 8 } else { 0 };
+        let expected = if common::fa3::q_in_registers(k.hdim) { 8 } else { 0 };
         if loads != expected {
             problems.push(format!("{}: {loads} LDSM, expected {expected}", k.name));
         }
@@ -151,7 +182,10 @@ fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Resu
 /// pinned JIT ptxas no longer has the bug and the fixture no longer proves the check.
 fn the_q_check_catches_ptxas_13_0s_clobber(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
     let fixture = include_str!("../fixtures/ptxas13_0_clobbers_q.ptx");
-    let code = sass_of(&ptxas, &nvdisasm, fixture, "fixture")?;
+    let fixture = assemble(&ptxas, fixture, "fixture")?;
+    let code = sass_of(&nvdisasm, &fixture);
+    std::fs::remove_dir_all(&fixture.dir).ok();
+    let code = code?;
     let violations: Vec<String> = code.iter().flat_map(|(_, k)| sass::q_operand_violations(k)).collect();
     println!("    fixture: {} non-ldmatrix writes reach QK^T's A operand, e.g. {:?}", violations.len(), violations.first());
     if violations.is_empty() { Err("no clobber found in the fixture".into()) } else { Ok(()) }
@@ -189,13 +223,13 @@ fn main() {
             "assembles_for_sm90a_without_spills_or_stack",
             ptx_builder::find_ptxas(),
             "ptxas not found (pip install nvidia-cuda-nvcc, or set FA3_PTXAS)",
-            |p| assembles_without_spills(p, "latest"),
+            |p| assembles_without_spills(p, Ptxas::Latest),
         ),
         tool_trial(
             "assembles_with_the_driver_jit_ptxas_without_spills_or_stack",
             ptx_builder::find_jit_ptxas(),
             "the driver JIT's ptxas is not installed (scripts/setup.sh, or set FA3_PTXAS_JIT)",
-            |p| assembles_without_spills(p, "jit"),
+            |p| assembles_without_spills(p, Ptxas::DriverJit),
         ),
         tool_trial(
             "q_fragments_survive_the_driver_jit_ptxas",
@@ -211,5 +245,7 @@ fn main() {
         ),
     ];
     println!("driver JIT ptxas: {jit} ({:?})", ptx_builder::find_jit_ptxas());
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    remove_shipped();
+    conclusion.exit();
 }

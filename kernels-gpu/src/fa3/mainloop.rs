@@ -142,7 +142,7 @@ fn qk_rs<E: Element, S: WgmmaAcc, const BLOCK_N: u32>(s: &mut S, q: &QFrags, k_d
 /// S = Q K^T from wherever Q is.
 #[inline(always)]
 fn qk_any<E: Element, S: WgmmaAcc, const D: u32, const BLOCK_M: u32, const BLOCK_N: u32>(s: &mut S, q: &QFrags, q_desc: u64, k_desc: u64) {
-    if q_in_registers(D, true) {
+    if q_in_registers(D) {
         qk_rs::<E, S, BLOCK_N>(s, q, k_desc)
     } else {
         qk::<E, S, D, BLOCK_M, BLOCK_N>(s, q_desc, k_desc)

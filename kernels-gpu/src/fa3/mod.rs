@@ -210,7 +210,7 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
             k: self.k,
             v: self.v,
             // With Q in registers, Q is released once loaded (below), not after the last QK.
-            q_empty: if self.o_shares_q || q_in_registers(D, OVERLAP) { None } else { Some(self.q.empty(0)) },
+            q_empty: if self.o_shares_q || q_in_registers(D) { None } else { Some(self.q.empty(0)) },
         };
         let (mut qst, mut kst, mut vst) = (PipelineState::<1>::new(), PipelineState::<STAGES>::new(), PipelineState::<STAGES>::new());
         let pingpong = PingPong { enabled: PINGPONG, wg: cw, wgs: BLOCK_M / 64 };
@@ -228,9 +228,9 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 }
             }
             self.q.consumer_wait(qst);
-            let qf = if q_in_registers(D, OVERLAP) {
+            let qf = if q_in_registers(D) {
                 // O must have its own buffer: Q's is released here, not after the store.
-                const { assert!(!q_in_registers(D, OVERLAP) || !smem_layout(tile_config_wgs(D, BLOCK_M / 64)).o_shares_q()) };
+                const { assert!(!q_in_registers(D) || !smem_layout(tile_config_wgs(D, BLOCK_M / 64)).o_shares_q()) };
                 let qf = mainloop::load_q::<BLOCK_M>(self.q.slot(0), cw, thread_in_wg);
                 // The next Q lands here through the async proxy, after these generic reads.
                 fence::proxy_async_shared();
@@ -252,7 +252,7 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
                 is_loader,
                 &qf,
             );
-            if !self.o_shares_q && !q_in_registers(D, OVERLAP) && tile.n_blocks == 0 {
+            if !self.o_shares_q && !q_in_registers(D) && tile.n_blocks == 0 {
                 // No QK^T ran, so the mainloop did not release Q: do it here.
                 self.q.consumer_release(qst);
             }

@@ -5,7 +5,8 @@
 //! causal mask the last query block sees the most keys): the heaviest blocks of all the
 //! section's heads come before the lighter ones, while their K/V fit in L2 together (the
 //! tiles running at one time share them). With sections of one head (the static orders,
-//! and the host's default) query blocks are the fast index.
+//! and the counter without a mask or where sections were not measured to win) query
+//! blocks are the fast index.
 //!
 //! CTA `c` of a grid of `G` starts with tile `c`. Its next tiles are either `c + G,
 //! c + 2G, ...` (static: with `G` = number of tiles, one tile per CTA, scheduled by the
