@@ -65,6 +65,20 @@ pub const fn q_in_registers(hdim: u32) -> bool {
     Q_IN_REGISTERS && hdim == 128
 }
 
+/// Tile number `t` of the FA3 kernels' order, as (query unit, (batch, head) index):
+/// sections of `2^section_log2` (batch, head) pairs (the host guarantees that this
+/// divides `batch * heads_q`), and within a section the query unit is the slow index,
+/// last (heaviest under a causal mask) first. `units`: query units per (batch, head),
+/// non-zero; a unit is one query block, or one per CTA of a cluster. Checked ops keep
+/// panics out of the kernels.
+#[inline(always)]
+pub fn tile_unit_and_head(t: u32, units: u32, section_log2: u32) -> (u32, u32) {
+    let k = section_log2;
+    let section = t.checked_div(units << k).unwrap_or(0);
+    let r = t - section * (units << k);
+    (units - 1 - (r >> k), (section << k) | (r & ((1 << k) - 1)))
+}
+
 /// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
 pub const TMA_PARAM_BYTES: u32 = 4 * 128;
 
@@ -244,6 +258,38 @@ pub const KERNELS: [KernelEntry; 12] = fa3_entries! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tile_order_visits_every_tile_once_heaviest_first_within_a_section() {
+        for units in 1..=9 {
+            for heads in 1..=24u32 {
+                for k in 0..=heads.trailing_zeros() {
+                    let total = units * heads;
+                    let mut seen = [false; 9 * 24];
+                    let mut last = (0, u32::MAX);
+                    for t in 0..total {
+                        let (unit, hb) = tile_unit_and_head(t, units, k);
+                        assert!(unit < units && hb < heads, "units {units} heads {heads} k {k} t {t}");
+                        let i = (hb * units + unit) as usize;
+                        assert!(!seen[i], "units {units} heads {heads} k {k}: tile {i} twice");
+                        seen[i] = true;
+                        // Within a section the unit never rises; a section spans 2^k heads.
+                        let section = hb >> k;
+                        if section == last.0 {
+                            assert!(unit <= last.1, "units {units} heads {heads} k {k} t {t}");
+                        } else {
+                            assert_eq!(unit, units - 1, "a section starts with its heaviest unit");
+                        }
+                        last = (section, unit);
+                    }
+                    // One head per section: the old order, query units fastest.
+                    if k == 0 {
+                        assert!((0..total).all(|t| tile_unit_and_head(t, units, 0) == (units - 1 - t % units, t / units)));
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn shared_memory_fits_the_h100_for_every_head_dim() {

@@ -17,7 +17,7 @@
 use super::pipeline::{CountState, PipelineState, TmaPipeline};
 use crate::ptx::{global, math, smem, sreg};
 use common::FwdParams;
-use common::fa3::TILE_HANDOFF_STAGES;
+use common::fa3::{self, TILE_HANDOFF_STAGES};
 
 /// One tile of work: `BLOCK_M` query rows of one (batch, head), and the key blocks
 /// `0..n_blocks` it must visit (visited from the last down, so masked blocks come first).
@@ -54,14 +54,8 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileOrder<BLOCK_M, BLOCK_N> {
     /// Tile number `t` (< `total`).
     #[inline(always)]
     pub fn tile(&self, t: u32, p: &FwdParams) -> Tile {
-        // The host guarantees non-zero sizes and a section that divides the heads;
-        // checked ops keep panics out of the kernel.
-        let k = p.section_log2;
-        let section = t.checked_div(self.units << k).unwrap_or(0);
-        let r = t - section * (self.units << k);
-        let unit = self.units - 1 - (r >> k);
+        let (unit, hb) = fa3::tile_unit_and_head(t, self.units, p.section_log2);
         let m_block = unit * self.cluster + self.rank;
-        let hb = (section << k) | (r & ((1 << k) - 1));
         let head = hb.checked_rem(p.heads_q).unwrap_or(0);
         Tile {
             m_block,
