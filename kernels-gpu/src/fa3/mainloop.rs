@@ -327,20 +327,26 @@ where
         return (o, softmax);
     }
 
+    // A GEMM turn of QK_i alone, waited for; K_i's slot released.
+    macro_rules! qk_turn {
+        ($i:expr) => {
+            ops.k.consumer_wait(*rings.kst);
+            pingpong.begin();
+            fence_before_gemms(&mut s, &mut o, &mut pf);
+            qk_any::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, qf, ops.q_desc, ops.k_desc(*rings.kst));
+            wgmma::commit();
+            pingpong.end();
+            wgmma::wait::<0>();
+            s.fence_operand();
+            rings.release_k($i);
+        };
+    }
     if OVERLAP {
         // n - first + 1 GEMM turns: QK_first; (QK_i, PV_{i-1}) for i in first+1..n; PV_{n-1}.
         // When step i-1 moved the row maxima (lazy rescaling: rarely), O is rescaled while
         // QK_i runs (no wgmma holds O then), just before PV_{i-1} accumulates into it, as
         // in FA3; so only the P conversion sits between a PV landing and the next GEMMs.
-        ops.k.consumer_wait(*rings.kst);
-        pingpong.begin();
-        fence_before_gemms(&mut s, &mut o, &mut pf);
-        qk_any::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, qf, ops.q_desc, ops.k_desc(*rings.kst));
-        wgmma::commit();
-        pingpong.end();
-        wgmma::wait::<0>();
-        s.fence_operand();
-        rings.release_k(first);
+        qk_turn!(first);
         // O is still zero: the first step's factor is not needed.
         masker.step::<SN, BLOCK_N>(&mut s, &mut softmax, first);
         let mut alpha = None;
@@ -390,19 +396,6 @@ where
         // fragments as dead after a body-opening RS QK^T when branches followed it, and put
         // P in their registers (docs/perf.md item 49). Rotated, Q's last use in the body is
         // its last instruction, and 13.0 keeps Q's registers (tests/tests/ptx.rs checks).
-        macro_rules! qk_turn {
-            ($i:expr) => {
-                ops.k.consumer_wait(*rings.kst);
-                pingpong.begin();
-                fence_before_gemms(&mut s, &mut o, &mut pf);
-                qk_any::<E, _, D, BLOCK_M, BLOCK_N>(&mut s, qf, ops.q_desc, ops.k_desc(*rings.kst));
-                wgmma::commit();
-                pingpong.end();
-                wgmma::wait::<0>();
-                s.fence_operand();
-                rings.release_k($i);
-            };
-        }
         qk_turn!(first);
         let mut i = first;
         loop {
