@@ -117,23 +117,35 @@ enum Ptxas {
     DriverJit,
 }
 
+impl Ptxas {
+    const ALL: [Ptxas; 2] = [Ptxas::Latest, Ptxas::DriverJit];
+
+    /// Names its work directory.
+    fn tag(self) -> &'static str {
+        match self {
+            Ptxas::Latest => "latest",
+            Ptxas::DriverJit => "jit",
+        }
+    }
+}
+
 /// The shipped PTX assembled by `ptxas`, once per ptxas for all the trials that read it
 /// (the JIT's report and its SASS come from one run); `main` removes the directories.
 fn shipped(ptxas: &Path, which: Ptxas) -> Result<&'static Assembly, Failed> {
     static LATEST: OnceLock<Result<Assembly, String>> = OnceLock::new();
     static JIT: OnceLock<Result<Assembly, String>> = OnceLock::new();
-    let (cell, tag) = match which {
-        Ptxas::Latest => (&LATEST, "latest"),
-        Ptxas::DriverJit => (&JIT, "jit"),
+    let cell = match which {
+        Ptxas::Latest => &LATEST,
+        Ptxas::DriverJit => &JIT,
     };
-    let a = cell.get_or_init(|| assemble(ptxas, PTX, tag).map_err(|e| format!("{e:?}")));
+    let a = cell.get_or_init(|| assemble(ptxas, PTX, which.tag()).map_err(|e| format!("{e:?}")));
     a.as_ref().map_err(|e| e.clone().into())
 }
 
 /// Removes what [`shipped`] assembled.
 fn remove_shipped() {
-    for tag in ["latest", "jit"] {
-        std::fs::remove_dir_all(work_dir(tag)).ok();
+    for which in Ptxas::ALL {
+        std::fs::remove_dir_all(work_dir(which.tag())).ok();
     }
 }
 

@@ -306,10 +306,7 @@ fn cmd_run(args: &[String]) -> CliResult<()> {
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
-    let mut opts = AttnOptions::default().causal(causal).schedule(schedule);
-    if let Some(algo) = algo {
-        opts = opts.algo(algo);
-    }
+    let mut opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule) };
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
     }
@@ -445,10 +442,7 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
             for &causal in &causal_modes {
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
                 let mut o = out.view_mut(shape);
-                let mut opts = AttnOptions::default().causal(causal).schedule(schedule);
-                if let Some(algo) = algo {
-                    opts = opts.algo(algo);
-                }
+                let opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule) };
                 let t = time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, warmup, warmup_ms, iters, timing_ms)?;
                 let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
                 println!(
