@@ -3,7 +3,8 @@ use crate::error::{AttnError, Result};
 use common::{KERNELS, KernelEntry};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
-use std::sync::Arc;
+use cudarc::driver::CudaSlice;
+use std::sync::{Arc, Mutex};
 
 /// The kernels of `kernels-gpu`, built to PTX by `build.rs` and embedded here.
 pub static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
@@ -28,7 +29,21 @@ pub struct Gpu {
     /// Each kernel, and for cluster kernels how many CTAs can run at once (whole clusters).
     functions: Vec<(KernelEntry, CudaFunction, Option<u32>)>,
     info: GpuInfo,
+    /// The dynamic schedule's tile counters, one per stream (launches on one stream run
+    /// in order, so they can share one), most recently used last.
+    counters: Mutex<Vec<TileCounter>>,
 }
+
+/// A stream's tile counter and its value once the launches issued so far have run.
+struct TileCounter {
+    stream: usize,
+    /// Holds its stream alive, so no other stream can take its handle while cached.
+    buf: CudaSlice<u32>,
+    next_base: u32,
+}
+
+/// Streams whose counters are kept; past this, the least recently used one is dropped.
+const MAX_COUNTERS: usize = 8;
 
 /// Whether `libcuda` can be loaded at all (false on machines without a driver).
 pub fn driver_present() -> bool {
@@ -91,7 +106,7 @@ impl Gpu {
             };
             functions.push((k, f, resident));
         }
-        Ok(Gpu { ctx, _module: module, functions, info })
+        Ok(Gpu { ctx, _module: module, functions, info, counters: Mutex::new(Vec::new()) })
     }
 
     pub fn info(&self) -> &GpuInfo {
@@ -114,6 +129,39 @@ impl Gpu {
     }
 
     /// The loaded kernel, and for a cluster kernel the most CTAs that run at once.
+    /// Runs `launch` with `stream`'s tile counter (address, base), allocating a zeroed one
+    /// on first use; when it succeeds, the counter's base moves on by `claims`, the number
+    /// of increments the launch makes. The lock is held across the launch, so concurrent
+    /// callers on one stream enqueue in the order of their bases.
+    pub(crate) fn with_tile_counter<T>(
+        &self,
+        stream: &Arc<CudaStream>,
+        claims: u32,
+        launch: impl FnOnce(&mut CudaSlice<u32>, u32) -> Result<T>,
+    ) -> Result<T> {
+        // A poisoned lock only means another launch panicked; the cache stays consistent.
+        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let key = stream.cu_stream() as usize;
+        let at = match counters.iter().position(|c| c.stream == key) {
+            Some(i) => i,
+            None => {
+                if counters.len() == MAX_COUNTERS {
+                    counters.remove(0);
+                }
+                counters.push(TileCounter { stream: key, buf: stream.alloc_zeros::<u32>(1)?, next_base: 0 });
+                counters.len() - 1
+            }
+        };
+        let mut c = counters.remove(at);
+        let r = launch(&mut c.buf, c.next_base);
+        if r.is_ok() {
+            c.next_base = c.next_base.wrapping_add(claims);
+            counters.push(c);
+        }
+        // On failure the entry is dropped: the next launch starts from a fresh zero.
+        r
+    }
+
     pub(crate) fn function(&self, entry: &KernelEntry) -> Option<(&CudaFunction, Option<u32>)> {
         self.functions.iter().find(|(k, _, _)| k.name == entry.name).map(|(_, f, r)| (f, *r))
     }

@@ -11,6 +11,7 @@ use flash_attn3::{
     Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into, round_to,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
+use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
 /// How a case lays its tensors out in memory.
@@ -213,15 +214,21 @@ struct Outputs {
     lse: cudarc::driver::CudaSlice<f32>,
 }
 
-fn run_once(gpu: &Gpu, c: &Case, p: &Problem<'_>, inputs: &[DeviceTensor; 3], schedule: Schedule) -> Result<Outputs, Failed> {
-    let stream = gpu.new_stream()?;
+fn run_once(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    c: &Case,
+    p: &Problem<'_>,
+    inputs: &[DeviceTensor; 3],
+    schedule: Schedule,
+) -> Result<Outputs, Failed> {
     let (out_layout, out_len) = match c.storage {
         Storage::Packed => (Layout::contiguous(p.q.shape), p.q.data.len()),
         Storage::Strided => padded(p.q.shape),
     };
     // Poison: every output element starts as NaN, so an unwritten one fails the check.
     let nan = vec![f32::NAN; out_layout.numel()];
-    let mut o = DeviceTensor::from_f32_strided(&stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
+    let mut o = DeviceTensor::from_f32_strided(stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
     let lse_len = c.b * c.hq * c.sq;
     let mut lse = stream.clone_htod(&vec![f32::NAN; lse_len + 7])?;
     let mut opts = AttnOptions::default().causal(c.causal).schedule(schedule);
@@ -229,7 +236,7 @@ fn run_once(gpu: &Gpu, c: &Case, p: &Problem<'_>, inputs: &[DeviceTensor; 3], sc
         opts = opts.algo(algo);
     }
     let [q, k, v] = inputs;
-    flash_attn_func_into(gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
+    flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
     stream.synchronize()?;
     Ok(Outputs { o, lse })
 }
@@ -263,8 +270,11 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     };
     let before: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
 
-    let first = run_once(gpu, c, &p, &inputs, c.schedule)?;
-    let second = run_once(gpu, c, &p, &inputs, c.schedule)?;
+    // Both launches on one stream: the second also checks that the dynamic schedule's
+    // tile counter, shared by the launches of a stream, was left right by the first.
+    let launches = gpu.new_stream()?;
+    let first = run_once(gpu, &launches, c, &p, &inputs, c.schedule)?;
+    let second = run_once(gpu, &launches, c, &p, &inputs, c.schedule)?;
 
     let lse_len = c.b * c.hq * c.sq;
     let o = first.o.to_f32(&stream)?;
@@ -290,7 +300,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         return Err(format!("seed {seed}: two launches on the same inputs differ").into());
     }
     if c.schedule != Schedule::Auto && c.schedule != Schedule::TilePerCta {
-        let per_tile = run_once(gpu, c, &p, &inputs, Schedule::TilePerCta)?;
+        let per_tile = run_once(gpu, &launches, c, &p, &inputs, Schedule::TilePerCta)?;
         if bits(&o) != bits(&per_tile.o.to_f32(&stream)?)
             || bits(&got.lse) != bits(&stream.clone_dtoh(&per_tile.lse)?[..lse_len])
         {
