@@ -36,8 +36,9 @@ pub struct Gpu {
 
 /// A stream's tile counter and its value once the launches issued so far have run.
 struct TileCounter {
-    stream: usize,
-    /// Holds its stream alive, so no other stream can take its handle while cached.
+    /// The stream's driver id.
+    stream: u64,
+    /// Allocated on that stream (freed there, stream-ordered, when evicted).
     buf: CudaSlice<u32>,
     next_base: u32,
 }
@@ -128,20 +129,31 @@ impl Gpu {
         self.function(entry).and_then(|(_, r)| r)
     }
 
-    /// The loaded kernel, and for a cluster kernel the most CTAs that run at once.
-    /// Runs `launch` with `stream`'s tile counter (address, base), allocating a zeroed one
-    /// on first use; when it succeeds, the counter's base moves on by `claims`, the number
-    /// of increments the launch makes. The lock is held across the launch, so concurrent
-    /// callers on one stream enqueue in the order of their bases.
+    /// Runs `launch` with a tile counter (address, base) for `stream`: the stream's cached
+    /// one, allocated zeroed on first use, whose base moves on by `claims` (the number of
+    /// increments the launch makes) when the launch succeeds. The lock is held across the
+    /// launch, so concurrent callers on one stream enqueue in the order of their bases.
+    ///
+    /// A fresh zeroed counter per call (base 0, a memset on the stream, as before the
+    /// cache) where a cached one could be shared or go stale:
+    /// - a stream being captured into a CUDA graph: the launch is recorded, not run, and a
+    ///   replay would reuse its base;
+    /// - the legacy and per-thread default streams: one handle names a different stream on
+    ///   every host thread.
+    ///
+    /// Streams are told apart by their driver id (`cuStreamGetId`), which no later stream
+    /// reuses, not by their handle, which a new stream may get once an old one is gone.
     pub(crate) fn with_tile_counter<T>(
         &self,
         stream: &Arc<CudaStream>,
         claims: u32,
         launch: impl FnOnce(&mut CudaSlice<u32>, u32) -> Result<T>,
     ) -> Result<T> {
+        let Some(key) = cacheable_stream_id(stream)? else {
+            return launch(&mut stream.alloc_zeros::<u32>(1)?, 0);
+        };
         // A poisoned lock only means another launch panicked; the cache stays consistent.
         let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        let key = stream.cu_stream() as usize;
         let at = match counters.iter().position(|c| c.stream == key) {
             Some(i) => i,
             None => {
@@ -162,9 +174,28 @@ impl Gpu {
         r
     }
 
+    /// The loaded kernel, and for a cluster kernel the most CTAs that run at once.
     pub(crate) fn function(&self, entry: &KernelEntry) -> Option<(&CudaFunction, Option<u32>)> {
         self.functions.iter().find(|(k, _, _)| k.name == entry.name).map(|(_, f, r)| (f, *r))
     }
+}
+
+/// `stream`'s driver id if its launches may share a cached tile counter (see
+/// [`Gpu::with_tile_counter`]); `None` for the default streams and while capturing.
+fn cacheable_stream_id(stream: &CudaStream) -> Result<Option<u64>> {
+    use cudarc::driver::sys;
+    let handle = stream.cu_stream();
+    // The null, legacy (0x1) and per-thread (0x2) default streams.
+    if (handle as usize) <= 2 {
+        return Ok(None);
+    }
+    if stream.capture_status()? != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(None);
+    }
+    let mut id = 0u64;
+    // SAFETY: a live stream handle and a valid out pointer.
+    unsafe { sys::cuStreamGetId(handle, &mut id) }.result()?;
+    Ok(Some(id))
 }
 
 fn driver_version() -> i32 {
