@@ -316,6 +316,50 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The dynamic schedule's tile counter is cached per stream and never reset: launches
+/// from several host threads, on their per-thread default streams (one handle, a stream
+/// per thread) and on streams of their own, interleaved, must each give the bits of one
+/// tile per CTA. A counter shared by two streams, or a base that drifted, skips or
+/// repeats tiles.
+fn dynamic_counters_stay_right_across_threads_and_streams(gpu: &Gpu) -> Result<(), Failed> {
+    let (b, s, h, d) = (2, 1000, 16, 128);
+    let mut r = rng(11);
+    let host: Vec<HostTensor> = (0..3).map(|_| HostTensor::randn([b, s, h, d], DType::F16, 1.0, &mut r)).collect();
+    let layout = Layout::contiguous([b, s, h, d]);
+    let run = |stream: &Arc<CudaStream>, schedule: Schedule| -> Result<Vec<u32>, Failed> {
+        let up = |t: &HostTensor| DeviceTensor::from_f32_strided(stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
+        let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
+        let nan = vec![f32::NAN; layout.numel()];
+        let mut o = DeviceTensor::from_f32_strided(stream, DType::F16, layout, layout.numel(), &nan, f32::NAN)?;
+        let mut lse = stream.clone_htod(&vec![f32::NAN; b * h * s])?;
+        let opts = AttnOptions::default().causal(true).schedule(schedule);
+        flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
+        let mut out = bits(&o.to_f32(stream)?);
+        out.extend(bits(&stream.clone_dtoh(&lse)?));
+        Ok(out)
+    };
+    let want = run(&gpu.new_stream()?, Schedule::TilePerCta)?;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..3)
+            .map(|t| {
+                let (want, run) = (&want, &run);
+                scope.spawn(move || -> Result<(), String> {
+                    let own = gpu.new_stream().map_err(|e| e.to_string())?;
+                    let per_thread = gpu.context().per_thread_stream();
+                    for i in 0..12 {
+                        let stream = if (i + t) % 2 == 0 { &per_thread } else { &own };
+                        if run(stream, Schedule::PersistentDynamic).map_err(|e| format!("{e:?}"))? != *want {
+                            return Err(format!("thread {t}, launch {i}: differs from one tile per CTA"));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        threads.into_iter().try_for_each(|h| h.join().map_err(|_| Failed::from("a thread panicked"))?.map_err(Failed::from))
+    })
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -339,7 +383,7 @@ fn main() {
             None
         }
     };
-    let trials = cases()
+    let mut trials: Vec<Trial> = cases()
         .into_iter()
         .map(|c| {
             let gpu = gpu.clone();
@@ -351,5 +395,13 @@ fn main() {
             .with_ignored_flag(ignored)
         })
         .collect();
+    let g = gpu.clone();
+    trials.push(
+        Trial::test("dynamic_counters_stay_right_across_threads_and_streams", move || match &g {
+            Some(g) => dynamic_counters_stay_right_across_threads_and_streams(g),
+            None => Ok(()),
+        })
+        .with_ignored_flag(gpu.is_none()),
+    );
     libtest_mimic::run(&args, trials).exit();
 }
