@@ -360,6 +360,60 @@ fn dynamic_counters_stay_right_across_threads_and_streams(gpu: &Gpu) -> Result<(
     })
 }
 
+/// A launch captured into a CUDA graph must take a fresh counter (a replay cannot move
+/// a cached base on): each replay, and the stream's ordinary launches around the capture,
+/// give the bits of one tile per CTA. Event tracking is off on this context, as a user
+/// capturing graphs with cudarc would set it (cross-capture event waits are illegal).
+fn dynamic_counter_is_right_in_graph_replays() -> Result<(), Failed> {
+    let gpu = Gpu::new(0)?;
+    // SAFETY: everything below runs on one stream.
+    unsafe { gpu.context().disable_event_tracking() };
+    let (b, s, h, d) = (2, 1000, 16, 128);
+    let mut r = rng(12);
+    let stream = gpu.new_stream()?;
+    let layout = Layout::contiguous([b, s, h, d]);
+    let up = |t: &HostTensor| DeviceTensor::from_f32_strided(&stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
+    let host: Vec<HostTensor> = (0..3).map(|_| HostTensor::randn([b, s, h, d], DType::F16, 1.0, &mut r)).collect();
+    let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
+    let mut o = DeviceTensor::alloc(&stream, DType::F16, [b, s, h, d])?;
+    let mut lse = stream.alloc_zeros::<f32>(b * h * s)?;
+    let launch = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>, schedule: Schedule| {
+        let opts = AttnOptions::default().causal(true).schedule(schedule);
+        flash_attn_func_into(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), lse, &opts)
+    };
+    let read = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>| -> Result<Vec<u32>, Failed> {
+        let mut out = bits(&o.to_f32(&stream)?);
+        out.extend(bits(&stream.clone_dtoh(lse)?));
+        o.fill(&stream, f32::NAN)?;
+        stream.memcpy_htod(&vec![f32::NAN; lse.len()], lse)?;
+        Ok(out)
+    };
+    launch(&mut o, &mut lse, Schedule::TilePerCta)?;
+    let want = read(&mut o, &mut lse)?;
+    // Moves the stream's cached counter off zero before the capture.
+    launch(&mut o, &mut lse, Schedule::PersistentDynamic)?;
+    if read(&mut o, &mut lse)? != want {
+        return Err("the launch before the capture differs from one tile per CTA".into());
+    }
+    stream.synchronize()?;
+    stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = launch(&mut o, &mut lse, Schedule::PersistentDynamic);
+    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("the capture recorded nothing")?;
+    for i in 0..3 {
+        graph.launch()?;
+        if read(&mut o, &mut lse)? != want {
+            return Err(format!("graph replay {i} differs from one tile per CTA").into());
+        }
+        launch(&mut o, &mut lse, Schedule::PersistentDynamic)?;
+        if read(&mut o, &mut lse)? != want {
+            return Err(format!("the launch after replay {i} differs from one tile per CTA").into());
+        }
+    }
+    Ok(())
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -402,6 +456,10 @@ fn main() {
             None => Ok(()),
         })
         .with_ignored_flag(gpu.is_none()),
+    );
+    trials.push(
+        Trial::test("dynamic_counter_is_right_in_graph_replays", dynamic_counter_is_right_in_graph_replays)
+            .with_ignored_flag(gpu.is_none()),
     );
     libtest_mimic::run(&args, trials).exit();
 }
