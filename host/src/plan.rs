@@ -160,7 +160,7 @@ pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize)
     while k < heads.trailing_zeros() && kv_bytes(2 << k) <= SECTION_L2_BYTES {
         k += 1;
     }
-    if (1 << k) > SECTION_MAX_HEADS || seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k }
+    if seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k.min(4) }
 }
 
 fn strides(l: &Layout) -> Strides {
