@@ -145,13 +145,25 @@ pub struct FwdParams {
     pub softmax_scale: f32,
     /// Non-zero: causal, aligned to the bottom-right corner of the score matrix.
     pub causal: u32,
-    /// FA3: device address of a zeroed u32 from which CTAs claim tiles in order (a
-    /// dynamic persistent schedule); 0: each CTA takes every grid-th tile.
+    /// FA3: device address of a u32 from which CTAs claim tiles in order (a dynamic
+    /// persistent schedule); 0: each CTA takes every grid-th tile.
     pub tile_counter: u64,
     /// FA3: tiles are numbered in sections of `2^section_log2` (batch, head) pairs (a
     /// power of two dividing `batch * heads_q`); within a section query blocks are the
     /// slow index, so the heaviest blocks of all its heads come first.
     pub section_log2: u32,
+    /// The counter's value when the launch starts: it is never reset, each launch moves
+    /// it on by exactly its number of tiles ([`dynamic_claims`]), so that launches on one
+    /// stream can share it without a memset between them.
+    pub tile_counter_base: u32,
+}
+
+/// Counter increments of a dynamic-schedule launch of `tiles` tiles on `ctas` CTAs: CTA
+/// `c` starts with tile `c`; after each tile it claims `counter + ctas` and stops at the
+/// first claim `>= tiles`. Every tile past the first `ctas` is one claim, and every CTA
+/// that ran a tile makes one failing claim: `tiles - min(ctas, tiles) + min(ctas, tiles)`.
+pub const fn dynamic_claims(tiles: u32) -> u32 {
+    tiles
 }
 
 /// Tile shape of the FA2 (`mma.sync`) kernel: query rows per CTA, keys per inner step,

@@ -4,7 +4,7 @@ use crate::gpu::Gpu;
 use crate::plan::{AttnOptions, FwdPlan, TensorDesc, plan_forward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
 use common::{FwdParams, TmaDescriptors};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
 /// O and LSE of a forward pass.
@@ -100,15 +100,17 @@ fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
         grid.0 = grid.0.min(r.max(k.cluster)) / k.cluster * k.cluster;
     }
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (plan.block, 1, 1), shared_mem_bytes: plan.smem_bytes };
-    // Stream-ordered: allocated and zeroed before the launch, freed after it.
-    let mut counter = if plan.tile_counter { Some(stream.alloc_zeros::<u32>(1)?) } else { None };
-    let mut params = plan.params;
-    // The kernel writes it (atomics): borrowed mutably.
-    let _counter_sync = counter.as_mut().map(|c| {
-        let (ptr, sync) = c.device_ptr_mut(stream);
-        params.tile_counter = ptr;
-        sync
-    });
+    match plan.tile_counter {
+        Some(claims) => gpu.with_tile_counter(stream, claims, |counter, base| {
+            // The kernel writes it (atomics): borrowed mutably.
+            let (ptr, _sync) = counter.device_ptr_mut(stream);
+            launch_with(stream, f, cfg, plan, FwdParams { tile_counter: ptr, tile_counter_base: base, ..plan.params })
+        }),
+        None => launch_with(stream, f, cfg, plan, plan.params),
+    }
+}
+
+fn launch_with(stream: &Arc<CudaStream>, f: &CudaFunction, cfg: LaunchConfig, plan: &FwdPlan, params: FwdParams) -> Result<()> {
     let params = ParamBlock(params);
     let mut builder = stream.launch_builder(f);
     let tma;

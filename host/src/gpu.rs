@@ -3,7 +3,8 @@ use crate::error::{AttnError, Result};
 use common::{KERNELS, KernelEntry};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
-use std::sync::Arc;
+use cudarc::driver::CudaSlice;
+use std::sync::{Arc, Mutex};
 
 /// The kernels of `kernels-gpu`, built to PTX by `build.rs` and embedded here.
 pub static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
@@ -28,7 +29,22 @@ pub struct Gpu {
     /// Each kernel, and for cluster kernels how many CTAs can run at once (whole clusters).
     functions: Vec<(KernelEntry, CudaFunction, Option<u32>)>,
     info: GpuInfo,
+    /// The dynamic schedule's tile counters, one per stream (launches on one stream run
+    /// in order, so they can share one), most recently used last.
+    counters: Mutex<Vec<TileCounter>>,
 }
+
+/// A stream's tile counter and its value once the launches issued so far have run.
+struct TileCounter {
+    /// The stream's driver id.
+    stream: u64,
+    /// Allocated on that stream (freed there, stream-ordered, when evicted).
+    buf: CudaSlice<u32>,
+    next_base: u32,
+}
+
+/// Streams whose counters are kept; past this, the least recently used one is dropped.
+const MAX_COUNTERS: usize = 8;
 
 /// Whether `libcuda` can be loaded at all (false on machines without a driver).
 pub fn driver_present() -> bool {
@@ -91,7 +107,7 @@ impl Gpu {
             };
             functions.push((k, f, resident));
         }
-        Ok(Gpu { ctx, _module: module, functions, info })
+        Ok(Gpu { ctx, _module: module, functions, info, counters: Mutex::new(Vec::new()) })
     }
 
     pub fn info(&self) -> &GpuInfo {
@@ -113,10 +129,73 @@ impl Gpu {
         self.function(entry).and_then(|(_, r)| r)
     }
 
+    /// Runs `launch` with a tile counter (address, base) for `stream`: the stream's cached
+    /// one, allocated zeroed on first use, whose base moves on by `claims` (the number of
+    /// increments the launch makes) when the launch succeeds. The lock is held across the
+    /// launch, so concurrent callers on one stream enqueue in the order of their bases.
+    ///
+    /// A fresh zeroed counter per call (base 0, a memset on the stream, as before the
+    /// cache) where a cached one could be shared or go stale:
+    /// - a stream being captured into a CUDA graph: the launch is recorded, not run, and a
+    ///   replay would reuse its base;
+    /// - the legacy and per-thread default streams: one handle names a different stream on
+    ///   every host thread.
+    ///
+    /// Streams are told apart by their driver id (`cuStreamGetId`), which no later stream
+    /// reuses, not by their handle, which a new stream may get once an old one is gone.
+    pub(crate) fn with_tile_counter<T>(
+        &self,
+        stream: &Arc<CudaStream>,
+        claims: u32,
+        launch: impl FnOnce(&mut CudaSlice<u32>, u32) -> Result<T>,
+    ) -> Result<T> {
+        let Some(key) = cacheable_stream_id(stream)? else {
+            return launch(&mut stream.alloc_zeros::<u32>(1)?, 0);
+        };
+        // A poisoned lock only means another launch panicked; the cache stays consistent.
+        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let at = match counters.iter().position(|c| c.stream == key) {
+            Some(i) => i,
+            None => {
+                if counters.len() == MAX_COUNTERS {
+                    counters.remove(0);
+                }
+                counters.push(TileCounter { stream: key, buf: stream.alloc_zeros::<u32>(1)?, next_base: 0 });
+                counters.len() - 1
+            }
+        };
+        let mut c = counters.remove(at);
+        let r = launch(&mut c.buf, c.next_base);
+        if r.is_ok() {
+            c.next_base = c.next_base.wrapping_add(claims);
+            counters.push(c);
+        }
+        // On failure the entry is dropped: the next launch starts from a fresh zero.
+        r
+    }
+
     /// The loaded kernel, and for a cluster kernel the most CTAs that run at once.
     pub(crate) fn function(&self, entry: &KernelEntry) -> Option<(&CudaFunction, Option<u32>)> {
         self.functions.iter().find(|(k, _, _)| k.name == entry.name).map(|(_, f, r)| (f, *r))
     }
+}
+
+/// `stream`'s driver id if its launches may share a cached tile counter (see
+/// [`Gpu::with_tile_counter`]); `None` for the default streams and while capturing.
+fn cacheable_stream_id(stream: &CudaStream) -> Result<Option<u64>> {
+    use cudarc::driver::sys;
+    let handle = stream.cu_stream();
+    // The null, legacy (0x1) and per-thread (0x2) default streams.
+    if (handle as usize) <= 2 {
+        return Ok(None);
+    }
+    if stream.capture_status()? != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(None);
+    }
+    let mut id = 0u64;
+    // SAFETY: a live stream handle and a valid out pointer.
+    unsafe { sys::cuStreamGetId(handle, &mut id) }.result()?;
+    Ok(Some(id))
 }
 
 fn driver_version() -> i32 {

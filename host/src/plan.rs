@@ -88,8 +88,9 @@ pub struct FwdPlan {
     pub smem_bytes: u32,
     /// TMA maps of q, k, v, o (FA3 kernels).
     pub tma: Option<[TensorMapSpec; 4]>,
-    /// The launch needs a zeroed u32 tile counter in `params.tile_counter`.
-    pub tile_counter: bool,
+    /// The launch claims tiles from a counter (`params.tile_counter`, based at
+    /// `params.tile_counter_base`), moving it on by this many.
+    pub tile_counter: Option<u32>,
 }
 
 /// Dynamic shared memory of a kernel.
@@ -159,7 +160,7 @@ pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize)
     while k < heads.trailing_zeros() && kv_bytes(2 << k) <= SECTION_L2_BYTES {
         k += 1;
     }
-    if (1 << k) > SECTION_MAX_HEADS || seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k }
+    if seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k.min(4) }
 }
 
 fn strides(l: &Layout) -> Strides {
@@ -283,9 +284,10 @@ pub fn plan_forward(
         causal: opts.causal as u32,
         tile_counter: 0,
         section_log2: 0,
+        tile_counter_base: 0,
     };
     let (grid, tile_counter) = match algo {
-        Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), false),
+        Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), None),
         Algo::Fa3(_) => {
             let block_m = fa3::kernel_config(kernel).block_m();
             let cluster = cluster as usize;
@@ -296,14 +298,16 @@ pub fn plan_forward(
             }
             let persistent = units.min((sm_count as usize / cluster).max(1)) * cluster;
             match schedule {
-                Schedule::TilePerCta => ((units as u32, 1, 1), false),
+                Schedule::TilePerCta => ((units as u32, 1, 1), None),
                 // Dynamic only pays off with more tiles than CTAs.
-                Schedule::PersistentDynamic => ((persistent as u32, 1, 1), units > persistent),
-                _ => ((persistent as u32, 1, 1), false),
+                Schedule::PersistentDynamic => {
+                    ((persistent as u32, 1, 1), (units > persistent).then(|| common::dynamic_claims(units as u32)))
+                }
+                _ => ((persistent as u32, 1, 1), None),
             }
         }
     };
-    if tile_counter && opts.causal {
+    if tile_counter.is_some() && opts.causal {
         params.section_log2 = section_log2(batch * heads_q, heads_q / heads_k, seqlen_k, hdim);
     }
     let tma = match algo {

@@ -11,6 +11,7 @@ use flash_attn3::{
     Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into, round_to,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
+use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
 /// How a case lays its tensors out in memory.
@@ -213,15 +214,21 @@ struct Outputs {
     lse: cudarc::driver::CudaSlice<f32>,
 }
 
-fn run_once(gpu: &Gpu, c: &Case, p: &Problem<'_>, inputs: &[DeviceTensor; 3], schedule: Schedule) -> Result<Outputs, Failed> {
-    let stream = gpu.new_stream()?;
+fn run_once(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    c: &Case,
+    p: &Problem<'_>,
+    inputs: &[DeviceTensor; 3],
+    schedule: Schedule,
+) -> Result<Outputs, Failed> {
     let (out_layout, out_len) = match c.storage {
         Storage::Packed => (Layout::contiguous(p.q.shape), p.q.data.len()),
         Storage::Strided => padded(p.q.shape),
     };
     // Poison: every output element starts as NaN, so an unwritten one fails the check.
     let nan = vec![f32::NAN; out_layout.numel()];
-    let mut o = DeviceTensor::from_f32_strided(&stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
+    let mut o = DeviceTensor::from_f32_strided(stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
     let lse_len = c.b * c.hq * c.sq;
     let mut lse = stream.clone_htod(&vec![f32::NAN; lse_len + 7])?;
     let mut opts = AttnOptions::default().causal(c.causal).schedule(schedule);
@@ -229,7 +236,7 @@ fn run_once(gpu: &Gpu, c: &Case, p: &Problem<'_>, inputs: &[DeviceTensor; 3], sc
         opts = opts.algo(algo);
     }
     let [q, k, v] = inputs;
-    flash_attn_func_into(gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
+    flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
     stream.synchronize()?;
     Ok(Outputs { o, lse })
 }
@@ -263,8 +270,11 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     };
     let before: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
 
-    let first = run_once(gpu, c, &p, &inputs, c.schedule)?;
-    let second = run_once(gpu, c, &p, &inputs, c.schedule)?;
+    // Both launches on one stream: the second also checks that the dynamic schedule's
+    // tile counter, shared by the launches of a stream, was left right by the first.
+    let launches = gpu.new_stream()?;
+    let first = run_once(gpu, &launches, c, &p, &inputs, c.schedule)?;
+    let second = run_once(gpu, &launches, c, &p, &inputs, c.schedule)?;
 
     let lse_len = c.b * c.hq * c.sq;
     let o = first.o.to_f32(&stream)?;
@@ -290,7 +300,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         return Err(format!("seed {seed}: two launches on the same inputs differ").into());
     }
     if c.schedule != Schedule::Auto && c.schedule != Schedule::TilePerCta {
-        let per_tile = run_once(gpu, c, &p, &inputs, Schedule::TilePerCta)?;
+        let per_tile = run_once(gpu, &launches, c, &p, &inputs, Schedule::TilePerCta)?;
         if bits(&o) != bits(&per_tile.o.to_f32(&stream)?)
             || bits(&got.lse) != bits(&stream.clone_dtoh(&per_tile.lse)?[..lse_len])
         {
@@ -303,6 +313,104 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         return Err(format!("seed {seed}: an input buffer changed").into());
     }
     println!("    {}: {report}", c.name());
+    Ok(())
+}
+
+/// The dynamic schedule's tile counter is cached per stream and never reset: launches
+/// from several host threads, on their per-thread default streams (one handle, a stream
+/// per thread) and on streams of their own, interleaved, must each give the bits of one
+/// tile per CTA. A counter shared by two streams, or a base that drifted, skips or
+/// repeats tiles.
+fn dynamic_counters_stay_right_across_threads_and_streams(gpu: &Gpu) -> Result<(), Failed> {
+    let (b, s, h, d) = (2, 1000, 16, 128);
+    let mut r = rng(11);
+    let host: Vec<HostTensor> = (0..3).map(|_| HostTensor::randn([b, s, h, d], DType::F16, 1.0, &mut r)).collect();
+    let layout = Layout::contiguous([b, s, h, d]);
+    let run = |stream: &Arc<CudaStream>, schedule: Schedule| -> Result<Vec<u32>, Failed> {
+        let up = |t: &HostTensor| DeviceTensor::from_f32_strided(stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
+        let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
+        let nan = vec![f32::NAN; layout.numel()];
+        let mut o = DeviceTensor::from_f32_strided(stream, DType::F16, layout, layout.numel(), &nan, f32::NAN)?;
+        let mut lse = stream.clone_htod(&vec![f32::NAN; b * h * s])?;
+        let opts = AttnOptions::default().causal(true).schedule(schedule);
+        flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
+        let mut out = bits(&o.to_f32(stream)?);
+        out.extend(bits(&stream.clone_dtoh(&lse)?));
+        Ok(out)
+    };
+    let want = run(&gpu.new_stream()?, Schedule::TilePerCta)?;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..3)
+            .map(|t| {
+                let (want, run) = (&want, &run);
+                scope.spawn(move || -> Result<(), String> {
+                    let own = gpu.new_stream().map_err(|e| e.to_string())?;
+                    let per_thread = gpu.context().per_thread_stream();
+                    for i in 0..12 {
+                        let stream = if (i + t) % 2 == 0 { &per_thread } else { &own };
+                        if run(stream, Schedule::PersistentDynamic).map_err(|e| format!("{e:?}"))? != *want {
+                            return Err(format!("thread {t}, launch {i}: differs from one tile per CTA"));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        threads.into_iter().try_for_each(|h| h.join().map_err(|_| Failed::from("a thread panicked"))?.map_err(Failed::from))
+    })
+}
+
+/// A launch captured into a CUDA graph must take a fresh counter (a replay cannot move
+/// a cached base on): each replay, and the stream's ordinary launches around the capture,
+/// give the bits of one tile per CTA. Event tracking is off on this context, as a user
+/// capturing graphs with cudarc would set it (cross-capture event waits are illegal).
+fn dynamic_counter_is_right_in_graph_replays() -> Result<(), Failed> {
+    let gpu = Gpu::new(0)?;
+    // SAFETY: everything below runs on one stream.
+    unsafe { gpu.context().disable_event_tracking() };
+    let (b, s, h, d) = (2, 1000, 16, 128);
+    let mut r = rng(12);
+    let stream = gpu.new_stream()?;
+    let layout = Layout::contiguous([b, s, h, d]);
+    let up = |t: &HostTensor| DeviceTensor::from_f32_strided(&stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
+    let host: Vec<HostTensor> = (0..3).map(|_| HostTensor::randn([b, s, h, d], DType::F16, 1.0, &mut r)).collect();
+    let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
+    let mut o = DeviceTensor::alloc(&stream, DType::F16, [b, s, h, d])?;
+    let mut lse = stream.alloc_zeros::<f32>(b * h * s)?;
+    let launch = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>, schedule: Schedule| {
+        let opts = AttnOptions::default().causal(true).schedule(schedule);
+        flash_attn_func_into(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), lse, &opts)
+    };
+    let read = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>| -> Result<Vec<u32>, Failed> {
+        let mut out = bits(&o.to_f32(&stream)?);
+        out.extend(bits(&stream.clone_dtoh(lse)?));
+        o.fill(&stream, f32::NAN)?;
+        stream.memcpy_htod(&vec![f32::NAN; lse.len()], lse)?;
+        Ok(out)
+    };
+    launch(&mut o, &mut lse, Schedule::TilePerCta)?;
+    let want = read(&mut o, &mut lse)?;
+    // Moves the stream's cached counter off zero before the capture.
+    launch(&mut o, &mut lse, Schedule::PersistentDynamic)?;
+    if read(&mut o, &mut lse)? != want {
+        return Err("the launch before the capture differs from one tile per CTA".into());
+    }
+    stream.synchronize()?;
+    stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = launch(&mut o, &mut lse, Schedule::PersistentDynamic);
+    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("the capture recorded nothing")?;
+    for i in 0..3 {
+        graph.launch()?;
+        if read(&mut o, &mut lse)? != want {
+            return Err(format!("graph replay {i} differs from one tile per CTA").into());
+        }
+        launch(&mut o, &mut lse, Schedule::PersistentDynamic)?;
+        if read(&mut o, &mut lse)? != want {
+            return Err(format!("the launch after replay {i} differs from one tile per CTA").into());
+        }
+    }
     Ok(())
 }
 
@@ -329,7 +437,7 @@ fn main() {
             None
         }
     };
-    let trials = cases()
+    let mut trials: Vec<Trial> = cases()
         .into_iter()
         .map(|c| {
             let gpu = gpu.clone();
@@ -341,5 +449,17 @@ fn main() {
             .with_ignored_flag(ignored)
         })
         .collect();
+    let g = gpu.clone();
+    trials.push(
+        Trial::test("dynamic_counters_stay_right_across_threads_and_streams", move || match &g {
+            Some(g) => dynamic_counters_stay_right_across_threads_and_streams(g),
+            None => Ok(()),
+        })
+        .with_ignored_flag(gpu.is_none()),
+    );
+    trials.push(
+        Trial::test("dynamic_counter_is_right_in_graph_replays", dynamic_counter_is_right_in_graph_replays)
+            .with_ignored_flag(gpu.is_none()),
+    );
     libtest_mimic::run(&args, trials).exit();
 }

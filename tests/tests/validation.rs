@@ -75,17 +75,17 @@ fn persistent_grid_is_capped_at_the_sm_count() {
     assert_eq!(c.plan().unwrap().grid, (132, 1, 1));
     c.opts = c.opts.schedule(Schedule::TilePerCta);
     assert_eq!(c.plan().unwrap().grid, (32 * 8 * 2, 1, 1));
-    assert!(!c.plan().unwrap().tile_counter, "the static orders need no counter");
+    assert!(c.plan().unwrap().tile_counter.is_none(), "the static orders need no counter");
     c.opts = AttnOptions::default().schedule(Schedule::Persistent);
-    assert!(!c.plan().unwrap().tile_counter);
+    assert!(c.plan().unwrap().tile_counter.is_none());
     // Causal tiles differ in cost: by default CTAs claim them from a counter.
     c.opts = AttnOptions::default().causal(true);
     let plan = c.plan().unwrap();
     assert_eq!(plan.grid, (132, 1, 1));
-    assert!(plan.tile_counter);
+    assert!(plan.tile_counter.is_some());
     c.opts = c.opts.schedule(Schedule::Persistent);
     assert_eq!(c.plan().unwrap().grid, (132, 1, 1));
-    assert!(!c.plan().unwrap().tile_counter);
+    assert!(c.plan().unwrap().tile_counter.is_none());
     c.opts = c.opts.schedule(Schedule::TilePerCta);
     assert_eq!(c.plan().unwrap().grid, (32 * 8 * 2, 1, 1));
 }
@@ -96,16 +96,16 @@ fn short_last_query_blocks_are_balanced_by_the_tile_counter() {
     for (seqlen, counter) in [(1024, true), (1152, false), (4096, true)] {
         let mut c = Call::shaped([16, seqlen, 32, 64], [16, seqlen, 32, 64], DType::F16);
         let plan = c.plan().unwrap();
-        assert_eq!(plan.tile_counter, counter, "hdim 64, seqlen {seqlen}");
+        assert_eq!(plan.tile_counter.is_some(), counter, "hdim 64, seqlen {seqlen}");
         assert_eq!(plan.grid, (132, 1, 1));
         // An explicit static schedule is kept.
         c.opts = c.opts.schedule(Schedule::Persistent);
-        assert!(!c.plan().unwrap().tile_counter);
+        assert!(c.plan().unwrap().tile_counter.is_none());
     }
     // hdim 128 tiles have 128 rows.
     for (seqlen, counter) in [(1024, false), (1000, true)] {
         let c = Call::shaped([16, seqlen, 16, 128], [16, seqlen, 16, 128], DType::F16);
-        assert_eq!(c.plan().unwrap().tile_counter, counter, "hdim 128, seqlen {seqlen}");
+        assert_eq!(c.plan().unwrap().tile_counter.is_some(), counter, "hdim 128, seqlen {seqlen}");
     }
 }
 
@@ -130,14 +130,14 @@ fn dynamic_tile_sections_fit_l2_and_divide_the_heads() {
     let mut c = Call::shaped([4, 4096, 16, 128], [4, 4096, 16, 128], DType::F16);
     c.opts = c.opts.causal(true);
     let plan = c.plan().unwrap();
-    assert!(plan.tile_counter);
+    assert!(plan.tile_counter.is_some());
     assert_eq!(plan.params.section_log2, 4);
     c.opts = c.opts.schedule(Schedule::Persistent);
     assert_eq!(c.plan().unwrap().params.section_log2, 0);
     // Without a mask the counter is used for a short last block, in the plain order.
     let c = Call::shaped([4, 4000, 16, 128], [4, 4000, 16, 128], DType::F16);
     let plan = c.plan().unwrap();
-    assert!(plan.tile_counter);
+    assert!(plan.tile_counter.is_some());
     assert_eq!(plan.params.section_log2, 0);
 }
 
@@ -147,7 +147,7 @@ fn dynamic_schedule_needs_no_counter_when_every_tile_has_its_own_cta() {
     c.opts = AttnOptions::default().causal(true).schedule(Schedule::PersistentDynamic);
     let plan = c.plan().unwrap();
     assert!(plan.grid.0 < 132, "this call has fewer tiles than SMs");
-    assert!(!plan.tile_counter);
+    assert!(plan.tile_counter.is_none());
 }
 
 #[test]
@@ -158,7 +158,7 @@ fn dynamic_schedule_needs_a_producer_warpgroup() {
     }
     c.opts = AttnOptions::default().causal(true).algo(Algo::Fa3(Techniques::NO_WARP_SPECIALIZATION));
     let plan = c.plan().unwrap();
-    assert!(!plan.tile_counter, "Auto falls back to one tile per CTA");
+    assert!(plan.tile_counter.is_none(), "Auto falls back to one tile per CTA");
     c.opts = c.opts.schedule(Schedule::PersistentDynamic);
     assert!(matches!(c.plan(), Err(AttnError::Unsupported(_))));
 }
@@ -414,5 +414,47 @@ fn hdim_64_calls_use_192_row_tiles() {
         let plan = c.plan().unwrap();
         assert_eq!((plan.kernel.name, plan.block), ("fa3_fwd_hdim64_f16", 512), "seqlen {seqlen} causal {causal}");
         assert_eq!(plan.tma.unwrap()[0].box_dims, [64, 192, 1, 1, 1]);
+    }
+}
+
+/// The kernel's dynamic schedule, run on the CPU with CTAs interleaved in a random
+/// order: from any base (wrapping included), every tile is computed exactly once and the
+/// counter moves on by exactly `dynamic_claims(tiles)`, which the host adds to the next
+/// launch's base on the stream (a wrong count would make the next launch skip or repeat
+/// tiles).
+#[test]
+fn dynamic_schedule_moves_the_counter_by_its_claims_and_covers_every_tile_once() {
+    // xorshift: the interleaving only needs to be arbitrary and repeatable.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: u32| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    for base in [0u32, 5, u32::MAX - 3] {
+        for ctas in [1u32, 2, 3, 7, 132] {
+            for tiles in [0u32, 1, 2, 6, 7, 8, 131, 133, 500] {
+                let mut counter = base;
+                // Per CTA: its current tile, as the producer's `TileClaims` keeps it.
+                let stride = ctas.wrapping_sub(base);
+                let mut current: Vec<Option<u32>> = (0..ctas).map(Some).collect();
+                let mut seen = vec![0u32; tiles as usize];
+                while current.iter().any(Option::is_some) {
+                    let c = next(ctas);
+                    let Some(t) = current[c] else { continue };
+                    if t >= tiles {
+                        current[c] = None;
+                        continue;
+                    }
+                    seen[t as usize] += 1;
+                    let claim = counter;
+                    counter = counter.wrapping_add(1);
+                    current[c] = Some(claim.wrapping_add(stride));
+                }
+                assert!(seen.iter().all(|&n| n == 1), "base {base} ctas {ctas} tiles {tiles}: {seen:?}");
+                assert_eq!(counter.wrapping_sub(base), common::dynamic_claims(tiles), "base {base} ctas {ctas} tiles {tiles}");
+            }
+        }
     }
 }

@@ -71,6 +71,7 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileOrder<BLOCK_M, BLOCK_N> {
 #[derive(Clone, Copy)]
 pub struct TileClaims {
     current: u32,
+    /// Added to a claim: the grid stride, less the counter's base when claiming from it.
     stride: u32,
     /// Global address of the shared counter; 0: static order.
     counter: u64,
@@ -85,7 +86,12 @@ impl TileClaims {
         // Constant-folded away in the cluster kernels, whose producer has no register to
         // spare.
         let counter = if cluster > 1 { 0 } else { p.tile_counter };
-        TileClaims { counter, ..Self::static_order(cluster) }
+        let order = Self::static_order(cluster);
+        if counter == 0 {
+            return order;
+        }
+        // A launch's claims are `base, base + 1, ...` (wrapping): `claim - base + stride`.
+        TileClaims { counter, stride: order.stride.wrapping_sub(p.tile_counter_base), ..order }
     }
 
     /// Every grid-th tile (of clusters of `cluster` CTAs), without a counter.
@@ -106,8 +112,9 @@ impl TileClaims {
     #[inline(always)]
     pub fn advance(&mut self) {
         self.current = if self.counter != 0 {
-            // SAFETY: the host passes a zeroed, 4-byte aligned u32 that outlives the launch.
-            unsafe { global::atom_add_u32(self.counter, 1) }.saturating_add(self.stride)
+            // SAFETY: the host passes a 4-byte aligned u32 that outlives the launch and that
+            // no other launch uses at the same time.
+            unsafe { global::atom_add_u32(self.counter, 1) }.wrapping_add(self.stride)
         } else {
             self.current.saturating_add(self.stride)
         };
