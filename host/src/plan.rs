@@ -141,18 +141,19 @@ fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
 
 /// L2 the K/V of one section of tiles may fill (of the H100's 50 MB; FA3 uses 32 MB).
 const SECTION_L2_BYTES: usize = 32 << 20;
-/// Sections of more heads lost 0-8% (short sequences: each head's few tiles then run far
-/// apart in time); see [`section_log2`].
-const SECTION_MAX_HEADS: usize = 32;
+/// Sections are capped at 16 heads: 64 or more lost 0-8% (short sequences: each head's
+/// few tiles then run far apart in time), and 16 beat both no section and 32 at 512-2k
+/// (docs/perf.md items 54, 55); see [`section_log2`].
+const SECTION_MAX_HEADS_LOG2: u32 = 4;
 /// Longest key sequence measured to gain from sections.
 const SECTION_MAX_SEQLEN_K: usize = 8192;
 
 /// The section size of a causal call's dynamic tile order (`FwdParams::section_log2`):
 /// the largest power of two dividing `heads` ((batch, head) pairs) whose K/V fit in
 /// [`SECTION_L2_BYTES`] together, used only where sections were measured to win
-/// (docs/perf.md item 53; on the FA3 grid +2-6% at 2k-8k): at most
-/// [`SECTION_MAX_HEADS`] heads and keys up to [`SECTION_MAX_SEQLEN_K`] (at 16k, hdim
-/// 128 lost 2.3%). Otherwise 0 (one head per section: query blocks fastest).
+/// (docs/perf.md item 53; on the FA3 grid +2-6% at 2k-8k), capped at
+/// 2^[`SECTION_MAX_HEADS_LOG2`] heads, and keys up to [`SECTION_MAX_SEQLEN_K`] (at 16k,
+/// hdim 128 lost 2.3%). Otherwise 0 (one head per section: query blocks fastest).
 pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize) -> u32 {
     // K and V, 2 bytes per element; `kv_group` query heads read one K/V head.
     let kv_bytes = |n: usize| n.div_ceil(kv_group.max(1)) * seqlen_k * hdim * 4;
@@ -160,7 +161,7 @@ pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize)
     while k < heads.trailing_zeros() && kv_bytes(2 << k) <= SECTION_L2_BYTES {
         k += 1;
     }
-    if seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k.min(4) }
+    if seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k.min(SECTION_MAX_HEADS_LOG2) }
 }
 
 fn strides(l: &Layout) -> Strides {

@@ -118,10 +118,13 @@ fn dynamic_tile_sections_fit_l2_and_divide_the_heads() {
     // The section divides the heads: 48 = 16 * 3.
     assert_eq!(section_log2(48, 1, 4096, 128), 4);
     assert_eq!(section_log2(15, 1, 4096, 128), 0);
-    // GQA: four query heads read one K/V head.
-    assert_eq!(section_log2(64, 4, 8192, 128), 5);
-    // Not measured to win: more than 32 heads (hdim 64 at 1k would take 128), or 16k keys.
-    assert_eq!(section_log2(512, 1, 1024, 64), 0);
+    // GQA: four query heads read one K/V head; 32 would fit, the cap is 16.
+    assert_eq!(section_log2(64, 4, 8192, 128), 4);
+    assert_eq!(section_log2(64, 4, 8192, 256), 4);
+    assert_eq!(section_log2(64, 4, 16384, 128), 0);
+    // Capped at 16 heads (hdim 64 at 1k would fit 128); 16k keys are not sectioned.
+    assert_eq!(section_log2(512, 1, 1024, 64), 4);
+    assert_eq!(section_log2(8, 1, 1024, 64), 3);
     assert_eq!(section_log2(16, 1, 16384, 128), 0);
     assert_eq!(section_log2(32, 1, 16384, 64), 0);
 
