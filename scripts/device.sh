@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repo root, after scripts/device-prep.sh staged .device/.
 # usage: scripts/device.sh STEP...
-#   info smoke tests check bench peers table sass sanitize ablation rounds clocks
+#   info smoke tests check bench peers table sass sanitize ablation rounds clocks profile
 # clocks: SM clock and board power while ours and cuDNN each run one config
 # (CLOCK_CONFIG, fa3 bench / peers.py arguments) for 4 s.
 # rounds: ROUNDS (3) alternating rounds of bench and peers; their medians become the
@@ -80,6 +80,26 @@ for step in "$@"; do
           echo "$tool $*: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1) (rc $rc)"; [ $rc -eq 0 ] || echo "SANITIZER FAILED $tool $*"' \
         | sort | tee "$OUT/sanitize.log"
       ! grep -q "SANITIZER FAILED" "$OUT/sanitize.log" || status=1 ;;
+    profile)
+      # ncu on one config, ours (the single launch of `fa3 run`) and cuDNN's kernel (the
+      # first launch from peers.py), at the clocks the card chooses (one launch is far from
+      # the power cap: compare per-cycle figures, not times). PROFILE_SHAPE: BxSxHxD on the
+      # FA3 grid (B = 16384 / S, H = 2048 / D), which is what peers.py runs.
+      shape=${PROFILE_SHAPE:-1x16384x16x128}
+      IFS=x read -r _ ps _ pd <<< "$shape"
+      m=sm__cycles_active.avg,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+      m=$m,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
+      m=$m,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
+      m=$m,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct,lts__t_bytes.sum
+      m=$m,dram__bytes_read.sum,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+      m=$m,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+      m=$m,smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+      timeout 120 ncu --clock-control none --metrics "$m" --section InstructionStats -k regex:fa3_fwd --launch-count 1 \
+        $B/fa3 run --random "$shape" --dtype "$DTYPE" > "$OUT/ncu_ours.txt" 2>&1 || status=1
+      timeout 240 ncu --clock-control none --metrics "$m" --section InstructionStats -k regex:cudnn --launch-count 1 \
+        python3 scripts/peers.py --dtype "$DTYPE" --backends torch-cudnn --hdims "$pd" --seqlens "$ps" --causal off \
+        --warmup 0 --warmup-ms 1 --iters 1 --timing-ms 1 --csv "$TMP/profile_peers.csv" > "$OUT/ncu_cudnn.txt" 2>&1 || status=1
+      grep -E "Profiling|cycles_active.avg |hmma|inst_executed.sum |issue_active|hit_rate|lts__t_bytes|dram__bytes" "$OUT"/ncu_*.txt ;;
     clocks)
       cfg=${CLOCK_CONFIG:---hdims 128 --seqlens 4096 --causal off}
       (while true; do echo "$(date +%s.%N),$(nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits)"; sleep 0.1; done) > "$TMP/smi.csv" &
