@@ -34,7 +34,11 @@ for step in "$@"; do
       for a in fa3 fa3-full fa3-nooverlap fa3-nows fa2; do
         timeout 120 $B/fa3 bench --dtype f16 --hdims 128 --seqlens 512,1024,2048,4096,8192,16384 --algo $a --csv "$TMP/ablation_$a.csv" > /dev/null || status=1
       done
-      python3 scripts/compare.py "$TMP"/ablation_*.csv "$OUT/peers_$DTYPE.csv" | tee "$OUT/ablation.md" ;;
+      # Against this call's peers when `peers` or `rounds` ran before it; without them the
+      # table still has ours (a missing file once cost a whole ablation run).
+      peers=()
+      [ -f "$OUT/peers_$DTYPE.csv" ] && peers=("$OUT/peers_$DTYPE.csv") || echo "ablation: no peers_$DTYPE.csv in $OUT, no ratios"
+      python3 scripts/compare.py "$TMP"/ablation_*.csv "${peers[@]}" | tee "$OUT/ablation.md" ;;
     peers) timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$OUT/peers_$DTYPE.csv" ${PEER_ARGS:-} > "$TMP/peers_$DTYPE.log" 2>&1 || status=1; tail -n 2 "$TMP/peers_$DTYPE.log" ;;
     rounds)
       for r in $(seq "${ROUNDS:-3}"); do
