@@ -36,9 +36,10 @@ for step in "$@"; do
       done
       # Against this call's peers when `peers` or `rounds` ran before it; without them the
       # table still has ours (a missing file once cost a whole ablation run).
+      # The ablation kernels are fp16: compare with fp16 peers whatever DTYPE is.
       peers=()
-      [ -f "$OUT/peers_$DTYPE.csv" ] && peers=("$OUT/peers_$DTYPE.csv") || echo "ablation: no peers_$DTYPE.csv in $OUT, no ratios"
-      python3 scripts/compare.py "$TMP"/ablation_*.csv "${peers[@]}" | tee "$OUT/ablation.md" ;;
+      [ -f "$OUT/peers_f16.csv" ] && peers=("$OUT/peers_f16.csv") || echo "ablation: no peers_f16.csv in $OUT, no ratios"
+      python3 scripts/compare.py "$TMP"/ablation_*.csv ${peers[@]+"${peers[@]}"} | tee "$OUT/ablation.md" ;;
     peers) timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$OUT/peers_$DTYPE.csv" ${PEER_ARGS:-} > "$TMP/peers_$DTYPE.log" 2>&1 || status=1; tail -n 2 "$TMP/peers_$DTYPE.log" ;;
     rounds)
       for r in $(seq "${ROUNDS:-3}"); do
@@ -90,7 +91,11 @@ for step in "$@"; do
       # the power cap: compare per-cycle figures, not times). PROFILE_SHAPE: BxSxHxD on the
       # FA3 grid (B = 16384 / S, H = 2048 / D), which is what peers.py runs.
       shape=${PROFILE_SHAPE:-1x16384x16x128}
-      IFS=x read -r _ ps _ pd <<< "$shape"
+      IFS=x read -r pb ps ph pd <<< "$shape"
+      if [ "$((pb * ps))" != 16384 ] || [ "$((ph * pd))" != 2048 ]; then
+        echo "profile: $shape is off the FA3 grid (B*S = 16384, H*D = 2048); cuDNN would run another shape"
+        status=1; continue
+      fi
       m=sm__cycles_active.avg,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
       m=$m,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
       m=$m,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active

@@ -159,11 +159,27 @@ pub struct FwdParams {
 }
 
 /// Counter increments of a dynamic-schedule launch of `tiles` tiles on `ctas` CTAs: CTA
-/// `c` starts with tile `c`; after each tile it claims `counter + ctas` and stops at the
-/// first claim `>= tiles`. Every tile past the first `ctas` is one claim, and every CTA
-/// that ran a tile makes one failing claim: `tiles - min(ctas, tiles) + min(ctas, tiles)`.
+/// `c` starts with tile `c`; after each tile it takes the counter's value `v` (and adds 1
+/// to it) and moves to tile [`claimed_tile`]`(v, `[`claim_stride`]`(ctas, base))`,
+/// stopping at the first tile `>= tiles`. Every tile past the first `ctas` is one claim,
+/// and every CTA that ran a tile makes one failing claim:
+/// `tiles - min(ctas, tiles) + min(ctas, tiles)`.
 pub const fn dynamic_claims(tiles: u32) -> u32 {
     tiles
+}
+
+/// What the kernels add to a claimed counter value to get a tile: the launch's claims are
+/// `base, base + 1, ...` (wrapping), and its first `ctas` tiles go by CTA index, so claim
+/// `v` is tile `v - base + ctas`. Shared by the kernels and the CPU test of the protocol.
+#[inline(always)]
+pub const fn claim_stride(ctas: u32, base: u32) -> u32 {
+    ctas.wrapping_sub(base)
+}
+
+/// The tile of a claimed counter value `claim` ([`claim_stride`]).
+#[inline(always)]
+pub const fn claimed_tile(claim: u32, stride: u32) -> u32 {
+    claim.wrapping_add(stride)
 }
 
 /// Tile shape of the FA2 (`mma.sync`) kernel: query rows per CTA, keys per inner step,

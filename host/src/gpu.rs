@@ -44,6 +44,10 @@ struct TileCounter {
 }
 
 /// Streams whose counters are kept; past this, the least recently used one is dropped.
+/// Known limitation: a dropped counter is freed on its own stream (stream-ordered after
+/// its last launch, through cudarc). If another thread is capturing that stream into a
+/// graph at that moment, the free lands in the capture. A cached counter also keeps a
+/// reference to its stream until it is dropped.
 const MAX_COUNTERS: usize = 8;
 
 /// Whether `libcuda` can be loaded at all (false on machines without a driver).
@@ -138,8 +142,9 @@ impl Gpu {
     /// cache) where a cached one could be shared or go stale:
     /// - a stream being captured into a CUDA graph: the launch is recorded, not run, and a
     ///   replay would reuse its base;
-    /// - the legacy and per-thread default streams: one handle names a different stream on
-    ///   every host thread.
+    /// - the default-stream handles (null, legacy, per-thread): the per-thread handle, and
+    ///   the null one in per-thread builds, name a different stream on every host thread,
+    ///   so none of them is cached.
     ///
     /// Streams are told apart by their driver id (`cuStreamGetId`), which no later stream
     /// reuses, not by their handle, which a new stream may get once an old one is gone.

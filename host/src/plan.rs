@@ -35,8 +35,10 @@ pub enum Schedule {
     /// previous tile's epilogue.
     Persistent,
     /// One CTA per SM; each CTA's producer claims the next tile from a counter in
-    /// global memory when it is ready for one (a zeroed 4-byte buffer is allocated on
-    /// the stream for each call). Needs warp specialization.
+    /// global memory when it is ready for one (4 bytes per stream, kept by the [`Gpu`]
+    /// handle across calls; see `Gpu::with_tile_counter`). Needs warp specialization.
+    ///
+    /// [`Gpu`]: crate::Gpu
     PersistentDynamic,
     /// One CTA per tile, scheduled by the hardware.
     TilePerCta,
@@ -140,13 +142,13 @@ fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
 }
 
 /// L2 the K/V of one section of tiles may fill (of the H100's 50 MB; FA3 uses 32 MB).
-const SECTION_L2_BYTES: usize = 32 << 20;
+pub const SECTION_L2_BYTES: usize = 32 << 20;
 /// Sections are capped at 16 heads: 64 or more lost 0-8% (short sequences: each head's
 /// few tiles then run far apart in time), and 16 beat both no section and 32 at 512-2k
 /// (docs/perf.md items 54, 55); see [`section_log2`].
-const SECTION_MAX_HEADS_LOG2: u32 = 4;
+pub const SECTION_MAX_HEADS_LOG2: u32 = 4;
 /// Longest key sequence measured to gain from sections.
-const SECTION_MAX_SEQLEN_K: usize = 8192;
+pub const SECTION_MAX_SEQLEN_K: usize = 8192;
 
 /// The section size of a causal call's dynamic tile order (`FwdParams::section_log2`):
 /// the largest power of two dividing `heads` ((batch, head) pairs) whose K/V fit in

@@ -427,6 +427,8 @@ fn hdim_64_calls_use_192_row_tiles() {
 /// tiles).
 #[test]
 fn dynamic_schedule_moves_the_counter_by_its_claims_and_covers_every_tile_once() {
+    // The kernels' own arithmetic (`common::claim_stride`, `common::claimed_tile`): a
+    // saturating add, or the base added instead of subtracted, fails here.
     // xorshift: the interleaving only needs to be arbitrary and repeatable.
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = |n: u32| {
@@ -440,7 +442,7 @@ fn dynamic_schedule_moves_the_counter_by_its_claims_and_covers_every_tile_once()
             for tiles in [0u32, 1, 2, 6, 7, 8, 131, 133, 500] {
                 let mut counter = base;
                 // Per CTA: its current tile, as the producer's `TileClaims` keeps it.
-                let stride = ctas.wrapping_sub(base);
+                let stride = common::claim_stride(ctas, base);
                 let mut current: Vec<Option<u32>> = (0..ctas).map(Some).collect();
                 let mut seen = vec![0u32; tiles as usize];
                 while current.iter().any(Option::is_some) {
@@ -453,7 +455,7 @@ fn dynamic_schedule_moves_the_counter_by_its_claims_and_covers_every_tile_once()
                     seen[t as usize] += 1;
                     let claim = counter;
                     counter = counter.wrapping_add(1);
-                    current[c] = Some(claim.wrapping_add(stride));
+                    current[c] = Some(common::claimed_tile(claim, stride));
                 }
                 assert!(seen.iter().all(|&n| n == 1), "base {base} ctas {ctas} tiles {tiles}: {seen:?}");
                 assert_eq!(counter.wrapping_sub(base), common::dynamic_claims(tiles), "base {base} ctas {ctas} tiles {tiles}");

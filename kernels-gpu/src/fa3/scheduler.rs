@@ -90,8 +90,7 @@ impl TileClaims {
         if counter == 0 {
             return order;
         }
-        // A launch's claims are `base, base + 1, ...` (wrapping): `claim - base + stride`.
-        TileClaims { counter, stride: order.stride.wrapping_sub(p.tile_counter_base), ..order }
+        TileClaims { counter, stride: common::claim_stride(order.stride, p.tile_counter_base), ..order }
     }
 
     /// Every grid-th tile (of clusters of `cluster` CTAs), without a counter.
@@ -114,7 +113,7 @@ impl TileClaims {
         self.current = if self.counter != 0 {
             // SAFETY: the host passes a 4-byte aligned u32 that outlives the launch and that
             // no other launch uses at the same time.
-            unsafe { global::atom_add_u32(self.counter, 1) }.wrapping_add(self.stride)
+            common::claimed_tile(unsafe { global::atom_add_u32(self.counter, 1) }, self.stride)
         } else {
             self.current.saturating_add(self.stride)
         };
