@@ -2,8 +2,7 @@
 use crate::error::{AttnError, Result};
 use common::{KERNELS, KernelEntry};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
 use std::sync::{Arc, Mutex};
 
 /// The kernels of `kernels-gpu`, built to PTX by `build.rs` and embedded here.

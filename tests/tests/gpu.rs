@@ -231,10 +231,7 @@ fn run_once(
     let mut o = DeviceTensor::from_f32_strided(stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
     let lse_len = c.b * c.hq * c.sq;
     let mut lse = stream.clone_htod(&vec![f32::NAN; lse_len + 7])?;
-    let mut opts = AttnOptions::default().causal(c.causal).schedule(schedule);
-    if let Some(algo) = c.algo {
-        opts = opts.algo(algo);
-    }
+    let opts = AttnOptions { algo: c.algo, ..AttnOptions::default().causal(c.causal).schedule(schedule) };
     let [q, k, v] = inputs;
     flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
     stream.synchronize()?;
