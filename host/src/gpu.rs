@@ -2,7 +2,7 @@
 use crate::error::{AttnError, Result};
 use common::{KERNELS, KernelEntry};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
 use std::sync::{Arc, Mutex};
 
 /// The kernels of `kernels-gpu`, built to PTX by `build.rs` and embedded here.
@@ -28,25 +28,46 @@ pub struct Gpu {
     /// Each kernel, and for cluster kernels how many CTAs can run at once (whole clusters).
     functions: Vec<(KernelEntry, CudaFunction, Option<u32>)>,
     info: GpuInfo,
-    /// The dynamic schedule's tile counters, one per stream (launches on one stream run
-    /// in order, so they can share one), most recently used last.
-    counters: Mutex<Vec<TileCounter>>,
+    /// The dynamic schedule's tile counters.
+    counters: Mutex<TileCounters>,
+}
+
+/// The tile counters, one per stream (launches on one stream run in order, so they can
+/// share one), most recently used last, and the private stream that allocates and frees
+/// them.
+#[derive(Default)]
+struct TileCounters {
+    /// Created with the first counter. Nothing is ever enqueued on a user's stream to
+    /// allocate or free a counter: that stream may be capturing a graph on another thread
+    /// by the time its counter is evicted, and the free would land in the graph.
+    private: Option<Arc<CudaStream>>,
+    cached: Vec<TileCounter>,
 }
 
 /// A stream's tile counter and its value once the launches issued so far have run.
 struct TileCounter {
-    /// The stream's driver id.
+    /// The user stream's driver id.
     stream: u64,
-    /// Allocated on that stream (freed there, stream-ordered, when evicted).
+    /// Allocated on the private stream, freed there.
     buf: CudaSlice<u32>,
     next_base: u32,
+    /// Recorded on the user stream after each launch that used `buf`: the private stream
+    /// waits for it before the free. Explicit, so that it holds with cudarc's event
+    /// tracking turned off, as graph users do.
+    done: CudaEvent,
 }
 
-/// Streams whose counters are kept; past this, the least recently used one is dropped.
-/// Known limitation: a dropped counter is freed on its own stream (stream-ordered after
-/// its last launch, through cudarc). If another thread is capturing that stream into a
-/// graph at that moment, the free lands in the capture. A cached counter also keeps a
-/// reference to its stream until it is dropped.
+impl Drop for TileCounter {
+    fn drop(&mut self) {
+        // `buf` is freed on its own (private) stream right after this; a failed wait can
+        // only be reported through the context, as cudarc does for its frees.
+        let stream = self.buf.stream().clone();
+        stream.context().record_err(stream.wait(&self.done));
+    }
+}
+
+/// Streams whose counters are kept; past this, the least recently used one is dropped
+/// (freed on the private stream once its last launch has run).
 const MAX_COUNTERS: usize = 8;
 
 /// Whether `libcuda` can be loaded at all (false on machines without a driver).
@@ -110,7 +131,7 @@ impl Gpu {
             };
             functions.push((k, f, resident));
         }
-        Ok(Gpu { ctx, _module: module, functions, info, counters: Mutex::new(Vec::new()) })
+        Ok(Gpu { ctx, _module: module, functions, info, counters: Mutex::new(TileCounters::default()) })
     }
 
     pub fn info(&self) -> &GpuInfo {
@@ -158,21 +179,31 @@ impl Gpu {
         };
         // A poisoned lock only means another launch panicked; the cache stays consistent.
         let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        let at = match counters.iter().position(|c| c.stream == key) {
-            Some(i) => i,
+        let mut c = match counters.cached.iter().position(|c| c.stream == key) {
+            Some(i) => counters.cached.remove(i),
             None => {
-                if counters.len() == MAX_COUNTERS {
-                    counters.remove(0);
+                if counters.cached.len() == MAX_COUNTERS {
+                    counters.cached.remove(0);
                 }
-                counters.push(TileCounter { stream: key, buf: stream.alloc_zeros::<u32>(1)?, next_base: 0 });
-                counters.len() - 1
+                let private = match &counters.private {
+                    Some(p) => p.clone(),
+                    None => counters.private.insert(self.ctx.new_stream()?).clone(),
+                };
+                let buf = private.alloc_zeros::<u32>(1)?;
+                // The zeroing runs on the private stream: the user's stream waits for it.
+                stream.wait(&private.record_event(None)?)?;
+                TileCounter { stream: key, buf, next_base: 0, done: self.ctx.new_event(None)? }
             }
         };
-        let mut c = counters.remove(at);
         let r = launch(&mut c.buf, c.next_base);
         if r.is_ok() {
+            if let Err(e) = c.done.record(stream) {
+                // Without the event the free could not wait for the launch: leak 4 bytes.
+                std::mem::forget(c);
+                return Err(e.into());
+            }
             c.next_base = c.next_base.wrapping_add(claims);
-            counters.push(c);
+            counters.cached.push(c);
         }
         // On failure the entry is dropped: the next launch starts from a fresh zero.
         r

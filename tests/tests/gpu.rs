@@ -319,22 +319,8 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
 /// tile per CTA. A counter shared by two streams, or a base that drifted, skips or
 /// repeats tiles.
 fn dynamic_counters_stay_right_across_threads_and_streams(gpu: &Gpu) -> Result<(), Failed> {
-    let (b, s, h, d) = (2, 1000, 16, 128);
-    let mut r = rng(11);
-    let host: Vec<HostTensor> = (0..3).map(|_| HostTensor::randn([b, s, h, d], DType::F16, 1.0, &mut r)).collect();
-    let layout = Layout::contiguous([b, s, h, d]);
-    let run = |stream: &Arc<CudaStream>, schedule: Schedule| -> Result<Vec<u32>, Failed> {
-        let up = |t: &HostTensor| DeviceTensor::from_f32_strided(stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
-        let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
-        let nan = vec![f32::NAN; layout.numel()];
-        let mut o = DeviceTensor::from_f32_strided(stream, DType::F16, layout, layout.numel(), &nan, f32::NAN)?;
-        let mut lse = stream.clone_htod(&vec![f32::NAN; b * h * s])?;
-        let opts = AttnOptions::default().causal(true).schedule(schedule);
-        flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
-        let mut out = bits(&o.to_f32(stream)?);
-        out.extend(bits(&stream.clone_dtoh(&lse)?));
-        Ok(out)
-    };
+    let host = counter_case_inputs(11);
+    let run = |stream: &Arc<CudaStream>, schedule: Schedule| run_counter_case(gpu, stream, &host, schedule);
     let want = run(&gpu.new_stream()?, Schedule::TilePerCta)?;
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..3)
@@ -357,6 +343,75 @@ fn dynamic_counters_stay_right_across_threads_and_streams(gpu: &Gpu) -> Result<(
     })
 }
 
+/// Shape of the tile-counter cases: hdim 128 causal with more tiles than SMs.
+const COUNTER_CASE: [usize; 4] = [2, 1000, 16, 128];
+
+/// Random q, k, v of [`COUNTER_CASE`].
+fn counter_case_inputs(seed: u64) -> Vec<HostTensor> {
+    let mut r = rng(seed);
+    (0..3).map(|_| HostTensor::randn(COUNTER_CASE, DType::F16, 1.0, &mut r)).collect()
+}
+
+/// One causal launch of [`COUNTER_CASE`] on `stream` (inputs uploaded there, outputs
+/// poisoned with NaN): the bits of O and LSE.
+fn run_counter_case(gpu: &Gpu, stream: &Arc<CudaStream>, host: &[HostTensor], schedule: Schedule) -> Result<Vec<u32>, Failed> {
+    let [b, s, h, _] = COUNTER_CASE;
+    let layout = Layout::contiguous(COUNTER_CASE);
+    let up = |t: &HostTensor| DeviceTensor::from_f32_strided(stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
+    let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
+    let nan = vec![f32::NAN; layout.numel()];
+    let mut o = DeviceTensor::from_f32_strided(stream, DType::F16, layout, layout.numel(), &nan, f32::NAN)?;
+    let mut lse = stream.clone_htod(&vec![f32::NAN; b * h * s])?;
+    let opts = AttnOptions::default().causal(true).schedule(schedule);
+    flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
+    let mut out = bits(&o.to_f32(stream)?);
+    out.extend(bits(&stream.clone_dtoh(&lse)?));
+    Ok(out)
+}
+
+/// Evicting a stream's cached counter (by launches on more streams than the cache
+/// keeps) enqueues nothing on that stream: were it being captured into a graph, a free
+/// there would land in the graph. The counters are allocated and freed on the handle's
+/// own stream. Event tracking is off, as for graph users, so the handle's explicit
+/// events alone order the free after the stream's last launch.
+fn evicting_a_counter_enqueues_nothing_on_its_stream() -> Result<(), Failed> {
+    let gpu = Gpu::new(0)?;
+    // SAFETY: each stream's buffers are used on that stream only.
+    unsafe { gpu.context().disable_event_tracking() };
+    let host = counter_case_inputs(13);
+    let want = run_counter_case(&gpu, &gpu.new_stream()?, &host, Schedule::TilePerCta)?;
+    let captured = gpu.new_stream()?;
+    if run_counter_case(&gpu, &captured, &host, Schedule::PersistentDynamic)? != want {
+        return Err("the first launch differs from one tile per CTA".into());
+    }
+    // Relaxed: the other streams allocate and synchronize during the capture.
+    captured.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let others = (0..12).map(|_| gpu.new_stream()).collect::<Result<Vec<_>, _>>()?;
+    let evicting: Result<(), Failed> = others.iter().enumerate().try_for_each(|(i, s)| {
+        match run_counter_case(&gpu, s, &host, Schedule::PersistentDynamic)? == want {
+            true => Ok(()),
+            false => Err(format!("stream {i} differs from one tile per CTA").into()),
+        }
+    });
+    let graph = captured.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    evicting?;
+    // The driver returns an empty graph when nothing was captured.
+    if let Some(graph) = graph? {
+        let mut nodes = 0usize;
+        // SAFETY: a live graph; with a null array the driver only writes the count.
+        unsafe { cudarc::driver::sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }.result()?;
+        if nodes != 0 {
+            return Err(format!("evicting the counter recorded {nodes} node(s) into the capture of its stream").into());
+        }
+    }
+    // Its next launch starts again from a fresh counter.
+    if run_counter_case(&gpu, &captured, &host, Schedule::PersistentDynamic)? != want {
+        return Err("the launch after the eviction differs from one tile per CTA".into());
+    }
+    gpu.context().synchronize()?;
+    Ok(())
+}
+
 /// A launch captured into a CUDA graph must take a fresh counter (a replay cannot move
 /// a cached base on): each replay, and the stream's ordinary launches around the capture,
 /// give the bits of one tile per CTA. Event tracking is off on this context, as a user
@@ -365,14 +420,13 @@ fn dynamic_counter_is_right_in_graph_replays() -> Result<(), Failed> {
     let gpu = Gpu::new(0)?;
     // SAFETY: everything below runs on one stream.
     unsafe { gpu.context().disable_event_tracking() };
-    let (b, s, h, d) = (2, 1000, 16, 128);
-    let mut r = rng(12);
+    let [b, s, h, _] = COUNTER_CASE;
     let stream = gpu.new_stream()?;
-    let layout = Layout::contiguous([b, s, h, d]);
+    let layout = Layout::contiguous(COUNTER_CASE);
     let up = |t: &HostTensor| DeviceTensor::from_f32_strided(&stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
-    let host: Vec<HostTensor> = (0..3).map(|_| HostTensor::randn([b, s, h, d], DType::F16, 1.0, &mut r)).collect();
+    let host = counter_case_inputs(12);
     let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
-    let mut o = DeviceTensor::alloc(&stream, DType::F16, [b, s, h, d])?;
+    let mut o = DeviceTensor::alloc(&stream, DType::F16, COUNTER_CASE)?;
     let mut lse = stream.alloc_zeros::<f32>(b * h * s)?;
     let launch = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>, schedule: Schedule| {
         let opts = AttnOptions::default().causal(true).schedule(schedule);
@@ -454,9 +508,11 @@ fn main() {
         })
         .with_ignored_flag(gpu.is_none()),
     );
-    trials.push(
-        Trial::test("dynamic_counter_is_right_in_graph_replays", dynamic_counter_is_right_in_graph_replays)
-            .with_ignored_flag(gpu.is_none()),
-    );
+    for (name, test) in [
+        ("dynamic_counter_is_right_in_graph_replays", dynamic_counter_is_right_in_graph_replays as fn() -> _),
+        ("evicting_a_counter_enqueues_nothing_on_its_stream", evicting_a_counter_enqueues_nothing_on_its_stream),
+    ] {
+        trials.push(Trial::test(name, test).with_ignored_flag(gpu.is_none()));
+    }
     libtest_mimic::run(&args, trials).exit();
 }
