@@ -20,6 +20,7 @@ p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--iters", type=int, default=20)
 p.add_argument("--warmup-ms", type=int, default=1000, help="per config and backend, run it this long before timing (as fa3 bench: under sustained load the card reaches its power cap and its clock drops)")
 p.add_argument("--timing-ms", type=int, default=300, help="time at least --iters calls and as many as span this long (as fa3 bench)")
+p.add_argument("--cooldown-ms", type=int, default=0, help="idle before each config and backend (as fa3 bench): with --warmup-ms 0, a short burst on a cool card")
 p.add_argument("--backends", default="torch-fa2,torch-cudnn")
 p.add_argument("--csv", required=True)
 a = p.parse_args()
@@ -37,6 +38,7 @@ for d in map(int, a.hdims.split(",")):
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
             for name, be in backends.items():
                 try:
+                    time.sleep(a.cooldown_ms / 1000)
                     with sdpa_kernel(be):
                         for _ in range(a.warmup):
                             F.scaled_dot_product_attention(q, k, v, is_causal=causal)

@@ -32,7 +32,7 @@ USAGE:
       --schedule S     FA3 grid: auto (default), persistent, dynamic, multicast
                        (2-CTA clusters, hdim 128, non-causal), tile
   fa3 bench [--dtype f16|bf16] [--hdims 64,128,256] [--seqlens 512,...,16384]
-            [--causal off|on|both] [--warmup N] [--iters N] [--warmup-ms MS (per config, 1000)] [--timing-ms MS (300)] [--csv FILE] [--device N]
+            [--causal off|on|both] [--warmup N] [--iters N] [--warmup-ms MS (per config, 1000)] [--timing-ms MS (300)] [--cooldown-ms MS (0)] [--csv FILE] [--device N]
             [--algo NAME] [--schedule auto|persistent|dynamic|multicast|tile]
             Times the forward pass over the FlashAttention-3 paper's grid
             (batch = 16384 / seqlen, heads = 2048 / hdim).
@@ -408,6 +408,9 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
     // Sustained load before each timing (see `time_forward`).
     let warmup_ms: u64 = a.parsed("--warmup-ms")?.unwrap_or(1000);
     let timing_ms: u64 = a.parsed("--timing-ms")?.unwrap_or(300);
+    // Idle time before each config: with `--warmup-ms 0`, a short burst at the clock of a
+    // cool card, as the anchors and the FA3 paper time (docs/perf.md).
+    let cooldown_ms: u64 = a.parsed("--cooldown-ms")?.unwrap_or(0);
     let csv: Option<PathBuf> = a.value("--csv")?.map(PathBuf::from);
     let device: usize = a.parsed("--device")?.unwrap_or(0);
     let algo = parse_algo(a.value("--algo")?.as_deref())?;
@@ -443,6 +446,7 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
                 let mut o = out.view_mut(shape);
                 let opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule) };
+                std::thread::sleep(std::time::Duration::from_millis(cooldown_ms));
                 let t = time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, warmup, warmup_ms, iters, timing_ms)?;
                 let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
                 println!(
