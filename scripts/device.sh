@@ -89,8 +89,11 @@ for step in "$@"; do
       # ncu on one config, ours (the single launch of `fa3 run`) and cuDNN's kernel (the
       # first launch from peers.py), at the clocks the card chooses (one launch is far from
       # the power cap: compare per-cycle figures, not times). PROFILE_SHAPE: BxSxHxD on the
-      # FA3 grid (B = 16384 / S, H = 2048 / D), which is what peers.py runs.
+      # FA3 grid (B = 16384 / S, H = 2048 / D), which is what peers.py runs;
+      # PROFILE_CAUSAL=1 for the causal mask.
       shape=${PROFILE_SHAPE:-1x16384x16x128}
+      ours_mask=() peer_mask=off
+      [ "${PROFILE_CAUSAL:-0}" = 1 ] && ours_mask=(--causal) peer_mask=on
       IFS=x read -r pb ps ph pd <<< "$shape"
       if [ "$((pb * ps))" != 16384 ] || [ "$((ph * pd))" != 2048 ]; then
         echo "profile: $shape is off the FA3 grid (B*S = 16384, H*D = 2048); cuDNN would run another shape"
@@ -104,9 +107,9 @@ for step in "$@"; do
       m=$m,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
       m=$m,smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
       timeout 120 ncu --clock-control none --metrics "$m" --section InstructionStats -k regex:fa3_fwd --launch-count 1 \
-        $B/fa3 run --random "$shape" --dtype "$DTYPE" > "$OUT/ncu_ours.txt" 2>&1 || status=1
+        $B/fa3 run --random "$shape" --dtype "$DTYPE" ${ours_mask[@]+"${ours_mask[@]}"} > "$OUT/ncu_ours.txt" 2>&1 || status=1
       timeout 240 ncu --clock-control none --metrics "$m" --section InstructionStats -k regex:cudnn --launch-count 1 \
-        python3 scripts/peers.py --dtype "$DTYPE" --backends torch-cudnn --hdims "$pd" --seqlens "$ps" --causal off \
+        python3 scripts/peers.py --dtype "$DTYPE" --backends torch-cudnn --hdims "$pd" --seqlens "$ps" --causal "$peer_mask" \
         --warmup 0 --warmup-ms 1 --iters 1 --timing-ms 1 --csv "$TMP/profile_peers.csv" > "$OUT/ncu_cudnn.txt" 2>&1 || status=1
       grep -E "Profiling|cycles_active.avg |hmma|inst_executed.sum |issue_active|hit_rate|lts__t_bytes|dram__bytes" "$OUT"/ncu_*.txt ;;
     clocks)
