@@ -37,9 +37,12 @@ pub struct Gpu {
 /// them.
 #[derive(Default)]
 struct TileCounters {
-    /// Created with the first counter. Nothing is ever enqueued on a user's stream to
-    /// allocate or free a counter: that stream may be capturing a graph on another thread
-    /// by the time its counter is evicted, and the free would land in the graph.
+    /// Created with the first counter. A counter's allocation and free are never enqueued
+    /// on a user's stream: that stream may be capturing a graph on another thread by the
+    /// time its counter is evicted, and the free would land in the graph. What a user
+    /// stream does get is ordering only, and only while it launches (not capturing): a
+    /// wait for the zeroing when its counter is created, and an event record after each
+    /// launch (with cudarc's event tracking on, also cudarc's own waits and record).
     private: Option<Arc<CudaStream>>,
     cached: Vec<TileCounter>,
 }
