@@ -70,7 +70,10 @@ impl Drop for TileCounter {
 }
 
 /// Streams whose counters are kept; past this, the least recently used one is dropped
-/// (freed on the private stream once its last launch has run).
+/// (freed on the private stream once its last launch has run). Known limitation: the
+/// private stream waits there for the evicted stream's last launch, and the zeroing of
+/// the new stream's counter queues behind that wait, so a new stream's first launch
+/// waits for that launch too (a review finding; docs/perf.md item 65).
 const MAX_COUNTERS: usize = 8;
 
 /// Whether `libcuda` can be loaded at all (false on machines without a driver).
