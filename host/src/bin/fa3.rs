@@ -32,7 +32,7 @@ USAGE:
       --schedule S     FA3 grid: auto (default), persistent, dynamic, multicast
                        (2-CTA clusters, hdim 128, non-causal), tile
   fa3 bench [--dtype f16|bf16] [--hdims 64,128,256] [--seqlens 512,...,16384]
-            [--causal off|on|both] [--warmup N] [--iters N] [--warmup-ms MS (per config, 1000)] [--timing-ms MS (300)] [--cooldown-ms MS (0)] [--csv FILE] [--device N]
+            [--causal off|on|both] [--warmup N] [--iters N] [--warmup-ms MS (per config, 1000)] [--timing-ms MS (300)] [--cooldown-ms MS (0)] [--untracked] [--csv FILE] [--device N]
             [--algo NAME] [--schedule auto|persistent|dynamic|multicast|tile]
             Times the forward pass over the FlashAttention-3 paper's grid
             (batch = 16384 / seqlen, heads = 2048 / hdim).
@@ -411,6 +411,9 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
     // Idle time before each config: with `--warmup-ms 0`, a short burst at the clock of a
     // cool card, as the anchors and the FA3 paper time (docs/perf.md).
     let cooldown_ms: u64 = a.parsed("--cooldown-ms")?.unwrap_or(0);
+    // cudarc's event tracking off: measures what its per-buffer waits and records cost
+    // each call (docs/perf.md item 66).
+    let untracked = a.flag("--untracked");
     let csv: Option<PathBuf> = a.value("--csv")?.map(PathBuf::from);
     let device: usize = a.parsed("--device")?.unwrap_or(0);
     let algo = parse_algo(a.value("--algo")?.as_deref())?;
@@ -418,6 +421,10 @@ fn cmd_bench(args: &[String]) -> CliResult<()> {
     a.finish()?;
 
     let gpu = Gpu::new(device)?;
+    if untracked {
+        // SAFETY: every buffer below is created and used on `stream` only.
+        unsafe { gpu.context().disable_event_tracking() };
+    }
     let stream = gpu.new_stream()?;
     let info = gpu.info();
     println!("# {} (sm_{}{}, {} SMs), {}, {}", info.name, info.major, info.minor, info.sm_count, dtype.name(), algo_name(algo));
