@@ -395,17 +395,27 @@ fn run_counter_case(gpu: &Gpu, stream: &Arc<CudaStream>, host: &[HostTensor], sc
     case.read(stream)
 }
 
+/// A handle with cudarc's event tracking off, so that only its own events order the
+/// counters (as for graph users), the inputs of `seed`, and their bits under one tile
+/// per CTA. Its callers use each stream's buffers on that stream only (the gate of
+/// [`pending_work_of_an_evicted_stream_holds_up_no_other_stream`] is ordered by the
+/// driver's wait).
+fn untracked_counter_setup(seed: u64) -> Result<(Gpu, Vec<HostTensor>, Vec<u32>), Failed> {
+    let gpu = Gpu::new(0)?;
+    // SAFETY: see above.
+    unsafe { gpu.context().disable_event_tracking() };
+    let host = counter_case_inputs(seed);
+    let want = run_counter_case(&gpu, &gpu.new_stream()?, &host, Schedule::TilePerCta)?;
+    Ok((gpu, host, want))
+}
+
 /// Evicting a stream's cached counter (by launches on more streams than the cache
 /// keeps) enqueues nothing on that stream: were it being captured into a graph, a free
 /// there would land in the graph. The counters are allocated and freed on the handle's
 /// own stream. Event tracking is off, as for graph users, so the handle's explicit
 /// events alone order the free after the stream's last launch.
 fn evicting_a_counter_enqueues_nothing_on_its_stream() -> Result<(), Failed> {
-    let gpu = Gpu::new(0)?;
-    // SAFETY: each stream's buffers are used on that stream only.
-    unsafe { gpu.context().disable_event_tracking() };
-    let host = counter_case_inputs(13);
-    let want = run_counter_case(&gpu, &gpu.new_stream()?, &host, Schedule::TilePerCta)?;
+    let (gpu, host, want) = untracked_counter_setup(13)?;
     let captured = gpu.new_stream()?;
     if run_counter_case(&gpu, &captured, &host, Schedule::PersistentDynamic)? != want {
         return Err("the first launch differs from one tile per CTA".into());
@@ -450,12 +460,7 @@ fn evicting_a_counter_enqueues_nothing_on_its_stream() -> Result<(), Failed> {
 fn pending_work_of_an_evicted_stream_holds_up_no_other_stream() -> Result<(), Failed> {
     use cudarc::driver::DevicePtr;
     use cudarc::driver::sys::{self, CUstreamWaitValue_flags_enum as Wait, CUstreamWriteValue_flags_enum as Write};
-    let gpu = Gpu::new(0)?;
-    // SAFETY: each stream's buffers are used on that stream only; the gate is written on
-    // `gate_stream` and read by X through the driver's wait, ordered by the test below.
-    unsafe { gpu.context().disable_event_tracking() };
-    let host = counter_case_inputs(14);
-    let want = run_counter_case(&gpu, &gpu.new_stream()?, &host, Schedule::TilePerCta)?;
+    let (gpu, host, want) = untracked_counter_setup(14)?;
     let gate_stream = gpu.new_stream()?;
     let gate = gate_stream.alloc_zeros::<u32>(1)?;
     gate_stream.synchronize()?;
