@@ -2,7 +2,9 @@
 use crate::error::{AttnError, Result};
 use common::{KERNELS, KernelEntry};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+};
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 
@@ -65,6 +67,10 @@ struct TileCounter {
     /// Allocated on the private stream, freed there by `drop` (leaked if the free could
     /// not be ordered after its last use).
     buf: ManuallyDrop<CudaSlice<u32>>,
+    /// `buf`'s address, taken once: the launches use it without cudarc's per-call event
+    /// waits and records, since the handle's own events already order the zeroing before
+    /// the stream's first launch and the free after its last (docs/perf.md item 66).
+    ptr: u64,
     next_base: u32,
     /// Recorded on the user stream after each launch that used `buf`: the private stream
     /// waits for it before the free. Explicit, so that it holds with cudarc's event
@@ -194,10 +200,13 @@ impl Gpu {
         &self,
         stream: &Arc<CudaStream>,
         claims: u32,
-        launch: impl FnOnce(&mut CudaSlice<u32>, u32) -> Result<T>,
+        launch: impl FnOnce(u64, u32) -> Result<T>,
     ) -> Result<T> {
         let Some(key) = cacheable_stream_id(stream)? else {
-            return launch(&mut stream.alloc_zeros::<u32>(1)?, 0);
+            // On the stream itself, with cudarc's ordering: freed there after the launch.
+            let mut buf = stream.alloc_zeros::<u32>(1)?;
+            let (ptr, _sync) = buf.device_ptr_mut(stream);
+            return launch(ptr, 0);
         };
         // A poisoned lock only means another launch panicked; the cache stays consistent.
         let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,10 +226,11 @@ impl Gpu {
                 let buf = private.alloc_zeros::<u32>(1)?;
                 // The zeroing runs on the private stream: the user's stream waits for it.
                 stream.wait(&private.record_event(None)?)?;
-                TileCounter { stream: key, buf: ManuallyDrop::new(buf), next_base: 0, done: self.ctx.new_event(None)? }
+                let ptr = buf.device_ptr(&private).0;
+                TileCounter { stream: key, buf: ManuallyDrop::new(buf), ptr, next_base: 0, done: self.ctx.new_event(None)? }
             }
         };
-        let r = launch(&mut c.buf, c.next_base);
+        let r = launch(c.ptr, c.next_base);
         // Recorded whatever `launch` returned, so that `done` covers anything it enqueued.
         if c.done.record(stream).is_err() {
             // `done` cannot cover this launch: free the counter only after the stream has
