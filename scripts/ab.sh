@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B timing of kernel variants on the GPU machine: each variant is a `fa3` binary in
 # .device/exp/NAME/ (built by scripts/ab-prep.sh); ROUNDS rounds run every variant in turn
-# (so drift in clock or temperature hits all alike), then cuDNN/FA2 once unless PEERS=0.
+# (so drift in clock or temperature hits all alike; each round starts one variant later, so
+# no variant always runs after the same one), then cuDNN/FA2 once unless PEERS=0.
 # usage: VARIANTS="base exp" [ROUNDS=2] [BENCH_ARGS=...] [PEER_ARGS=...] [LABEL=ab] scripts/ab.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/fa3-out}
@@ -9,8 +10,10 @@ LABEL=${LABEL:-ab}
 TMP=$(mktemp -d)
 mkdir -p "$OUT"
 status=0
+read -ra vs <<< "$VARIANTS"
 for r in $(seq "${ROUNDS:-2}"); do
-  for v in $VARIANTS; do
+  for i in $(seq 0 $((${#vs[@]} - 1))); do
+    v=${vs[$(((i + r - 1) % ${#vs[@]}))]}
     timeout 300 .device/exp/"$v"/fa3 bench --dtype "${DTYPE:-f16}" --csv "$TMP/$v.r$r.csv" ${BENCH_ARGS:-} > /dev/null || { echo "$v round $r failed"; status=1; }
   done
 done

@@ -99,7 +99,10 @@ for step in "$@"; do
         echo "profile: $shape is off the FA3 grid (B*S = 16384, H*D = 2048); cuDNN would run another shape"
         status=1; continue
       fi
-      m=sm__cycles_active.avg,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+      # Elapsed cycles and the spread of active cycles over SMs tell per-tile cost from
+      # the tail (an SM idle at the end lowers .min and .avg, not .max).
+      m=gpc__cycles_elapsed.max,sm__cycles_active.min,sm__cycles_active.max,gpu__time_duration.sum
+      m=$m,sm__cycles_active.avg,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
       m=$m,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
       m=$m,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
       m=$m,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct,lts__t_bytes.sum
@@ -111,7 +114,7 @@ for step in "$@"; do
       timeout 240 ncu --clock-control none --metrics "$m" --section InstructionStats -k regex:cudnn --launch-count 1 \
         python3 scripts/peers.py --dtype "$DTYPE" --backends torch-cudnn --hdims "$pd" --seqlens "$ps" --causal "$peer_mask" \
         --warmup 0 --warmup-ms 1 --iters 1 --timing-ms 1 --csv "$TMP/profile_peers.csv" > "$OUT/ncu_cudnn.txt" 2>&1 || status=1
-      grep -E "Profiling|cycles_active.avg |hmma|inst_executed.sum |issue_active|hit_rate|lts__t_bytes|dram__bytes" "$OUT"/ncu_*.txt ;;
+      grep -E "Profiling|cycles_elapsed|cycles_active|duration|hmma|inst_executed.sum |issue_active|hit_rate|lts__t_bytes|dram__bytes" "$OUT"/ncu_*.txt ;;
     clocks)
       cfg=${CLOCK_CONFIG:---hdims 128 --seqlens 4096 --causal off}
       (while true; do echo "$(date +%s.%N),$(nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits)"; sleep 0.1; done) > "$TMP/smi.csv" &

@@ -102,9 +102,7 @@ fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (plan.block, 1, 1), shared_mem_bytes: plan.smem_bytes };
     match plan.tile_counter {
         Some(claims) => gpu.with_tile_counter(stream, claims, |counter, base| {
-            // The kernel writes it (atomics): borrowed mutably.
-            let (ptr, _sync) = counter.device_ptr_mut(stream);
-            launch_with(stream, f, cfg, plan, FwdParams { tile_counter: ptr, tile_counter_base: base, ..plan.params })
+            launch_with(stream, f, cfg, plan, FwdParams { tile_counter: counter, tile_counter_base: base, ..plan.params })
         }),
         None => launch_with(stream, f, cfg, plan, plan.params),
     }

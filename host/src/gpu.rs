@@ -2,7 +2,10 @@
 use crate::error::{AttnError, Result};
 use common::{KERNELS, KernelEntry};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+};
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 
 /// The kernels of `kernels-gpu`, built to PTX by `build.rs` and embedded here.
@@ -43,16 +46,31 @@ struct TileCounters {
     /// stream does get is ordering only, and only while it launches (not capturing): a
     /// wait for the zeroing when its counter is created, and an event record after each
     /// launch (with cudarc's event tracking on, also cudarc's own waits and record).
+    ///
+    /// Created lazily because making a stream switches cudarc's context to multi-stream
+    /// mode (event tracking on every buffer); by the time a cached counter is needed the
+    /// user has a stream of their own, so the mode is already on, unless all their
+    /// streams are wrapped foreign handles: then cudarc synchronizes the context once.
     private: Option<Arc<CudaStream>>,
     cached: Vec<TileCounter>,
+    /// Evicted counters whose stream may still be running a launch that uses them. They
+    /// are freed once their `done` event has completed, so the private stream never
+    /// waits on a user stream's pending work: a new counter's zeroing queued behind such
+    /// a wait would tie a new stream's first launch to an unrelated stream's last one.
+    retired: Vec<TileCounter>,
 }
 
 /// A stream's tile counter and its value once the launches issued so far have run.
 struct TileCounter {
     /// The user stream's driver id.
     stream: u64,
-    /// Allocated on the private stream, freed there.
-    buf: CudaSlice<u32>,
+    /// Allocated on the private stream, freed there by `drop` (leaked if the free could
+    /// not be ordered after its last use).
+    buf: ManuallyDrop<CudaSlice<u32>>,
+    /// `buf`'s address, taken once: the launches use it without cudarc's per-call event
+    /// waits and records, since the handle's own events already order the zeroing before
+    /// the stream's first launch and the free after its last (docs/perf.md item 66).
+    ptr: u64,
     next_base: u32,
     /// Recorded on the user stream after each launch that used `buf`: the private stream
     /// waits for it before the free. Explicit, so that it holds with cudarc's event
@@ -62,19 +80,23 @@ struct TileCounter {
 
 impl Drop for TileCounter {
     fn drop(&mut self) {
-        // `buf` is freed on its own (private) stream right after this; a failed wait can
-        // only be reported through the context, as cudarc does for its frees.
+        // The free is stream-ordered on the private stream: after `done` there, or, if that
+        // wait cannot be enqueued, after `done` on the host. Errors can only be reported
+        // through the context, as cudarc does for its frees.
         let stream = self.buf.stream().clone();
-        stream.context().record_err(stream.wait(&self.done));
+        let ordered = stream.wait(&self.done).or_else(|_| self.done.synchronize());
+        match ordered {
+            // SAFETY: dropped once, here; not used after.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buf) },
+            // A kernel may still increment it: leak 4 bytes rather than free it early.
+            Err(e) => stream.context().record_err(Err::<(), _>(e)),
+        }
     }
 }
 
 /// Streams whose counters are kept; past this, the least recently used one is dropped
-/// (freed on the private stream once its last launch has run). Known limitation: the
-/// private stream waits there for the evicted stream's last launch, and the zeroing of
-/// the new stream's counter queues behind that wait, so a new stream's first launch
-/// waits for that launch too (a review finding; docs/perf.md item 65).
-const MAX_COUNTERS: usize = 8;
+/// (freed on the private stream once its last launch has run).
+pub const MAX_TILE_COUNTERS: usize = 8;
 
 /// Whether `libcuda` can be loaded at all (false on machines without a driver).
 pub fn driver_present() -> bool {
@@ -178,18 +200,24 @@ impl Gpu {
         &self,
         stream: &Arc<CudaStream>,
         claims: u32,
-        launch: impl FnOnce(&mut CudaSlice<u32>, u32) -> Result<T>,
+        launch: impl FnOnce(u64, u32) -> Result<T>,
     ) -> Result<T> {
         let Some(key) = cacheable_stream_id(stream)? else {
-            return launch(&mut stream.alloc_zeros::<u32>(1)?, 0);
+            // On the stream itself, with cudarc's ordering: freed there after the launch.
+            let mut buf = stream.alloc_zeros::<u32>(1)?;
+            let (ptr, _sync) = buf.device_ptr_mut(stream);
+            return launch(ptr, 0);
         };
         // A poisoned lock only means another launch panicked; the cache stays consistent.
         let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        // Frees the retired counters whose last launch has run (a failed query keeps one).
+        counters.retired.retain(|c| !c.done.try_is_complete().unwrap_or(false));
         let mut c = match counters.cached.iter().position(|c| c.stream == key) {
             Some(i) => counters.cached.remove(i),
             None => {
-                if counters.cached.len() == MAX_COUNTERS {
-                    counters.cached.remove(0);
+                if counters.cached.len() == MAX_TILE_COUNTERS {
+                    let old = counters.cached.remove(0);
+                    counters.retired.push(old);
                 }
                 let private = match &counters.private {
                     Some(p) => p.clone(),
@@ -198,21 +226,37 @@ impl Gpu {
                 let buf = private.alloc_zeros::<u32>(1)?;
                 // The zeroing runs on the private stream: the user's stream waits for it.
                 stream.wait(&private.record_event(None)?)?;
-                TileCounter { stream: key, buf, next_base: 0, done: self.ctx.new_event(None)? }
+                let ptr = buf.device_ptr(&private).0;
+                TileCounter { stream: key, buf: ManuallyDrop::new(buf), ptr, next_base: 0, done: self.ctx.new_event(None)? }
             }
         };
-        let r = launch(&mut c.buf, c.next_base);
-        if r.is_ok() {
-            if let Err(e) = c.done.record(stream) {
-                // Without the event the free could not wait for the launch: leak 4 bytes.
-                std::mem::forget(c);
-                return Err(e.into());
+        let r = launch(c.ptr, c.next_base);
+        // Recorded whatever `launch` returned, so that `done` covers anything it enqueued.
+        if c.done.record(stream).is_err() {
+            // `done` cannot cover this launch: free the counter only after the stream has
+            // run it (and leak it if even that cannot be known).
+            match stream.synchronize() {
+                Ok(()) => drop(c),
+                Err(e) => {
+                    std::mem::forget(c);
+                    return Err(e.into());
+                }
             }
-            c.next_base = c.next_base.wrapping_add(claims);
-            counters.cached.push(c);
+            return r;
         }
-        // On failure the entry is dropped: the next launch starts from a fresh zero.
-        r
+        match r {
+            Ok(v) => {
+                c.next_base = c.next_base.wrapping_add(claims);
+                counters.cached.push(c);
+                Ok(v)
+            }
+            // A failed launch drops the entry: the stream's next launch starts from a fresh
+            // zero.
+            Err(e) => {
+                counters.retired.push(c);
+                Err(e)
+            }
+        }
     }
 
     /// The loaded kernel, and for a cluster kernel the most CTAs that run at once.

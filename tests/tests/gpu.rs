@@ -352,21 +352,59 @@ fn counter_case_inputs(seed: u64) -> Vec<HostTensor> {
     (0..3).map(|_| HostTensor::randn(COUNTER_CASE, DType::F16, 1.0, &mut r)).collect()
 }
 
-/// One causal launch of [`COUNTER_CASE`] on `stream` (inputs uploaded there, outputs
-/// poisoned with NaN): the bits of O and LSE.
+/// The buffers of one [`COUNTER_CASE`] call on one stream.
+struct CounterCase {
+    qkv: [DeviceTensor; 3],
+    o: DeviceTensor,
+    lse: cudarc::driver::CudaSlice<f32>,
+}
+
+impl CounterCase {
+    /// Inputs uploaded on `stream`, outputs poisoned with NaN.
+    fn upload(stream: &Arc<CudaStream>, host: &[HostTensor]) -> Result<Self, Failed> {
+        let [b, s, h, _] = COUNTER_CASE;
+        let layout = Layout::contiguous(COUNTER_CASE);
+        let up = |data: &[f32]| DeviceTensor::from_f32_strided(stream, DType::F16, layout, data.len(), data, f32::NAN);
+        Ok(CounterCase {
+            qkv: [up(&host[0].data)?, up(&host[1].data)?, up(&host[2].data)?],
+            o: up(&vec![f32::NAN; layout.numel()])?,
+            lse: stream.clone_htod(&vec![f32::NAN; b * h * s])?,
+        })
+    }
+
+    /// The causal launch, enqueued only.
+    fn launch(&mut self, gpu: &Gpu, stream: &Arc<CudaStream>, schedule: Schedule) -> Result<(), Failed> {
+        let opts = AttnOptions::default().causal(true).schedule(schedule);
+        let [q, k, v] = &self.qkv;
+        flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut self.o.as_mut(), &mut self.lse, &opts)?;
+        Ok(())
+    }
+
+    /// The bits of O and LSE (waits for the stream).
+    fn read(&self, stream: &Arc<CudaStream>) -> Result<Vec<u32>, Failed> {
+        let mut out = bits(&self.o.to_f32(stream)?);
+        out.extend(bits(&stream.clone_dtoh(&self.lse)?));
+        Ok(out)
+    }
+}
+
+/// One causal launch of [`COUNTER_CASE`] on `stream`: the bits of O and LSE.
 fn run_counter_case(gpu: &Gpu, stream: &Arc<CudaStream>, host: &[HostTensor], schedule: Schedule) -> Result<Vec<u32>, Failed> {
-    let [b, s, h, _] = COUNTER_CASE;
-    let layout = Layout::contiguous(COUNTER_CASE);
-    let up = |t: &HostTensor| DeviceTensor::from_f32_strided(stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
-    let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
-    let nan = vec![f32::NAN; layout.numel()];
-    let mut o = DeviceTensor::from_f32_strided(stream, DType::F16, layout, layout.numel(), &nan, f32::NAN)?;
-    let mut lse = stream.clone_htod(&vec![f32::NAN; b * h * s])?;
-    let opts = AttnOptions::default().causal(true).schedule(schedule);
-    flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
-    let mut out = bits(&o.to_f32(stream)?);
-    out.extend(bits(&stream.clone_dtoh(&lse)?));
-    Ok(out)
+    let mut case = CounterCase::upload(stream, host)?;
+    case.launch(gpu, stream, schedule)?;
+    case.read(stream)
+}
+
+/// A handle with cudarc's event tracking off, so that only its own events order the
+/// counters (as for graph users), the inputs of `seed`, and their bits under one tile
+/// per CTA. Its callers use each stream's buffers on that stream only.
+fn untracked_counter_setup(seed: u64) -> Result<(Gpu, Vec<HostTensor>, Vec<u32>), Failed> {
+    let gpu = Gpu::new(0)?;
+    // SAFETY: see above.
+    unsafe { gpu.context().disable_event_tracking() };
+    let host = counter_case_inputs(seed);
+    let want = run_counter_case(&gpu, &gpu.new_stream()?, &host, Schedule::TilePerCta)?;
+    Ok((gpu, host, want))
 }
 
 /// Evicting a stream's cached counter (by launches on more streams than the cache
@@ -375,18 +413,14 @@ fn run_counter_case(gpu: &Gpu, stream: &Arc<CudaStream>, host: &[HostTensor], sc
 /// own stream. Event tracking is off, as for graph users, so the handle's explicit
 /// events alone order the free after the stream's last launch.
 fn evicting_a_counter_enqueues_nothing_on_its_stream() -> Result<(), Failed> {
-    let gpu = Gpu::new(0)?;
-    // SAFETY: each stream's buffers are used on that stream only.
-    unsafe { gpu.context().disable_event_tracking() };
-    let host = counter_case_inputs(13);
-    let want = run_counter_case(&gpu, &gpu.new_stream()?, &host, Schedule::TilePerCta)?;
+    let (gpu, host, want) = untracked_counter_setup(13)?;
     let captured = gpu.new_stream()?;
     if run_counter_case(&gpu, &captured, &host, Schedule::PersistentDynamic)? != want {
         return Err("the first launch differs from one tile per CTA".into());
     }
     // Relaxed: the other streams allocate and synchronize during the capture.
     captured.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-    let others = (0..12).map(|_| gpu.new_stream()).collect::<Result<Vec<_>, _>>()?;
+    let others = (0..flash_attn3::gpu::MAX_TILE_COUNTERS + 4).map(|_| gpu.new_stream()).collect::<Result<Vec<_>, _>>()?;
     let evicting: Result<(), Failed> = others.iter().enumerate().try_for_each(|(i, s)| {
         match run_counter_case(&gpu, s, &host, Schedule::PersistentDynamic)? == want {
             true => Ok(()),
@@ -409,6 +443,101 @@ fn evicting_a_counter_enqueues_nothing_on_its_stream() -> Result<(), Failed> {
         return Err("the launch after the eviction differs from one tile per CTA".into());
     }
     gpu.context().synchronize()?;
+    // Errors of the counters' stream-ordered frees are only recorded in the context.
+    gpu.context().check_err()?;
+    Ok(())
+}
+
+/// Holds a stream back until dropped: a host function enqueued on it spins until the
+/// gate opens. A host function, not a wait on device memory (`cuStreamWaitValue32`),
+/// which the driver refused with CUDA_ERROR_INVALID_VALUE for a pool allocation.
+struct HostGate {
+    open: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HostGate {
+    /// Closes a gate on `stream`: what is enqueued there next waits until the gate drops.
+    fn close(stream: &CudaStream) -> Result<Self, Failed> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        unsafe extern "C" fn spin(user: *mut std::ffi::c_void) {
+            // SAFETY: the reference that `close` leaked for this call.
+            let open = unsafe { Arc::from_raw(user as *const AtomicBool) };
+            while !open.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+        }
+        let open = Arc::new(AtomicBool::new(false));
+        let user = Arc::into_raw(open.clone()) as *mut std::ffi::c_void;
+        // SAFETY: a live stream; `spin` makes no CUDA call and owns `user`.
+        let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(spin), user) }.result();
+        if let Err(e) = r {
+            // SAFETY: not enqueued, so `spin` never takes it.
+            drop(unsafe { Arc::from_raw(user as *const AtomicBool) });
+            return Err(e.into());
+        }
+        Ok(HostGate { open })
+    }
+}
+
+impl Drop for HostGate {
+    /// Opens whatever happened, so that an early return leaves nothing blocked.
+    fn drop(&mut self) {
+        self.open.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// A stream's pending work never holds up another stream's launches through the
+/// counters: stream X is held back by a gate before its launch (so the launch, and X's
+/// counter, stay in use), then launches on more streams than the cache keeps evict X's
+/// counter. Each of those launches must finish while X is still gated; the evicted
+/// counter may only be freed once X has run, and X's own result must stay right (under
+/// memcheck, a counter freed early is a use after free). Event tracking is off: only the
+/// handle's explicit events order the counters.
+fn pending_work_of_a_stream_whose_counter_is_evicted_holds_up_no_other_stream() -> Result<(), Failed> {
+    let (gpu, host, want) = untracked_counter_setup(14)?;
+    let x = gpu.new_stream()?;
+    let mut x_case = CounterCase::upload(&x, &host)?;
+    let others = (0..flash_attn3::gpu::MAX_TILE_COUNTERS + 1).map(|_| gpu.new_stream()).collect::<Result<Vec<_>, _>>()?;
+    let mut cases = others.iter().map(|s| CounterCase::upload(s, &host)).collect::<Result<Vec<_>, _>>()?;
+    x.synchronize()?;
+    let gate = HostGate::close(&x)?;
+    x_case.launch(&gpu, &x, Schedule::PersistentDynamic)?;
+    let mut ends = Vec::new();
+    for (s, case) in others.iter().zip(&mut cases) {
+        case.launch(&gpu, s, Schedule::PersistentDynamic)?;
+        ends.push(s.record_event(None)?);
+    }
+    let t0 = std::time::Instant::now();
+    let mut held_up = false;
+    while !ends.iter().all(|e| e.is_complete()) {
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            held_up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let x_still_gated = !x.record_event(None)?.is_complete();
+    drop(gate);
+    gpu.context().synchronize()?;
+    if held_up {
+        return Err("launches on other streams waited for the gated stream's pending work".into());
+    }
+    if !x_still_gated {
+        return Err("the gate did not hold the stream back; the test proves nothing".into());
+    }
+    for (i, (s, case)) in others.iter().zip(&cases).enumerate() {
+        if case.read(s)? != want {
+            return Err(format!("stream {i} differs from one tile per CTA").into());
+        }
+    }
+    if x_case.read(&x)? != want {
+        return Err("the gated stream's launch differs from one tile per CTA".into());
+    }
+    // Its next launch, from a fresh counter, frees nothing it still uses.
+    if run_counter_case(&gpu, &x, &host, Schedule::PersistentDynamic)? != want {
+        return Err("the gated stream's next launch differs from one tile per CTA".into());
+    }
+    gpu.context().check_err()?;
     Ok(())
 }
 
@@ -511,6 +640,10 @@ fn main() {
     for (name, test) in [
         ("dynamic_counter_is_right_in_graph_replays", dynamic_counter_is_right_in_graph_replays as fn() -> _),
         ("evicting_a_counter_enqueues_nothing_on_its_stream", evicting_a_counter_enqueues_nothing_on_its_stream),
+        (
+            "pending_work_of_a_stream_whose_counter_is_evicted_holds_up_no_other_stream",
+            pending_work_of_a_stream_whose_counter_is_evicted_holds_up_no_other_stream,
+        ),
     ] {
         trials.push(Trial::test(name, test).with_ignored_flag(gpu.is_none()));
     }
