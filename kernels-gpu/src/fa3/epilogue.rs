@@ -59,19 +59,20 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     // The TMA store reads through the async proxy.
     fence::proxy_async_shared();
     barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
-    let row0 = tile.m_block * BLOCK_M + wg * 64;
+    // Rows before 0 or past `seqlen_q` are clipped by the TMA store and skipped for the LSE.
+    let row0 = tile.row0 + (wg * 64) as i32;
     if thread_in_wg == 0 {
         for chunk in 0..D / 64 {
             let src = o_smem.add(chunk * BLOCK_M * 128 + wg * 64 * 128);
             // SAFETY: 64 rows x 128 B written above and fenced.
-            unsafe { tma_o.store_5d(src, [0, row0 as i32, chunk as i32, tile.head as i32, tile.batch as i32]) };
+            unsafe { tma_o.store_5d(src, [0, row0, chunk as i32, tile.head as i32, tile.batch as i32]) };
         }
         tma::store_commit();
     }
     if t == 0 {
         for r in 0..2 {
-            let row = row0 + warp * 16 + g + 8 * r as u32;
-            if row < p.seqlen_q {
+            let row = row0 + (warp * 16 + g + 8 * r as u32) as i32;
+            if (0..p.seqlen_q as i32).contains(&row) {
                 let idx = ((tile.batch * p.heads_q + tile.head) as u64) * p.seqlen_q as u64 + row as u64;
                 // SAFETY: the host sized the LSE buffer for batch * heads_q * seqlen_q.
                 unsafe { global::st_f32(p.lse + 4 * idx, lse[r]) };
