@@ -5,7 +5,7 @@
 //! S = QK^T (SS WGMMA, or RS with Q in registers at hdim 128), the online softmax and
 //! O += PV (RS WGMMA). K and V stream through their own `STAGES`-deep shared-memory
 //! rings.
-use crate::{Algo, DType, KernelEntry};
+use crate::{Algo, DType, FwdParams, KernelEntry};
 
 /// The seed techniques a kernel variant uses; each can be turned off at compile time so
 /// its contribution can be measured (the ablation kernels).
@@ -55,6 +55,23 @@ pub const RESCALE_THRESHOLD_LOG2: f32 = 2.0;
 /// read. hdim 128 only: hdim 64's consumers have 160 registers, and hdim 256 stages O in
 /// Q's buffer. A compile-time switch so that its worth can be measured.
 pub const Q_IN_REGISTERS: bool = true;
+
+/// Under a causal mask, query tiles end at the last row instead of starting at row 0: when
+/// `block_m` does not divide `seqlen_q`, the short tile is the first, whose rows see the
+/// fewest key blocks, not the last, which sees the most. At hdim 64 1k that last tile was
+/// one warpgroup running all 8 key blocks with no pingpong partner, 7% of the call
+/// (docs/perf.md item 69). Without a mask every tile sees every key: nothing moves. A
+/// compile-time switch so that its worth can be measured.
+pub const CAUSAL_TILES_END_AT_LAST_ROW: bool = true;
+
+/// First query row of tile `m_block` of `block_m` rows; negative (rows that do not exist,
+/// loaded as zeros and never stored) for the first tile when causal tiles end at the last
+/// row ([`CAUSAL_TILES_END_AT_LAST_ROW`]). Shared by the kernels and their tests.
+#[inline(always)]
+pub fn tile_row0(p: &FwdParams, m_block: u32, block_m: u32) -> i32 {
+    let shift = if CAUSAL_TILES_END_AT_LAST_ROW && p.causal != 0 { (block_m - p.seqlen_q % block_m) % block_m } else { 0 };
+    (m_block * block_m) as i32 - shift as i32
+}
 
 /// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128. The
 /// no-overlap mainloop is rotated for it: in its plain loop shape, ptxas 13.0 (the driver
@@ -257,7 +274,9 @@ pub const KERNELS: [KernelEntry; 12] = fa3_entries! {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::format;
 
     #[test]
     fn tile_order_visits_every_tile_once_heaviest_first_within_a_section() {
@@ -289,6 +308,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The tiles of one (batch, head) cover each query row exactly once; under a causal
+    /// mask the short tile is the first (it starts above row 0, never wholly) and the
+    /// last ends on the last row; without one the tiles start at row 0.
+    #[test]
+    fn causal_tiles_cover_every_row_once_with_the_short_tile_first() {
+        for causal in [false, true] {
+            for block_m in [64, 128, 192] {
+                for seqlen_q in 1..=400u32 {
+                    let p = FwdParams { seqlen_q, seqlen_k: seqlen_q, causal: causal as u32, ..Default::default() };
+                    let units = seqlen_q.div_ceil(block_m);
+                    let mut next = 0i32;
+                    for m in 0..units {
+                        let row0 = tile_row0(&p, m, block_m);
+                        let ctx = format!("causal {causal} block_m {block_m} seqlen {seqlen_q} tile {m}");
+                        assert!(row0 > -(block_m as i32), "{ctx}: starts {row0}");
+                        assert_eq!(row0.max(0), next, "{ctx}: a gap or an overlap");
+                        next = row0 + block_m as i32;
+                        if m > 0 {
+                            assert!(row0 >= 0, "{ctx}: only the first tile may start above row 0");
+                        }
+                        if !causal || !CAUSAL_TILES_END_AT_LAST_ROW {
+                            assert_eq!(row0, (m * block_m) as i32, "{ctx}");
+                        }
+                    }
+                    if causal && CAUSAL_TILES_END_AT_LAST_ROW {
+                        assert_eq!(next, seqlen_q as i32, "causal {causal} block_m {block_m} seqlen {seqlen_q}: the last tile ends on the last row");
+                    }
+                    assert!(next >= seqlen_q as i32);
+                }
+            }
+        }
+        // hdim 64 at 1k: 64 rows first (one key block), the 192-row tiles after them.
+        let p = FwdParams { seqlen_q: 1024, seqlen_k: 1024, causal: 1, ..Default::default() };
+        let starts: std::vec::Vec<i32> = (0..6).map(|m| tile_row0(&p, m, 192)).collect();
+        assert_eq!(starts, [-128, 64, 256, 448, 640, 832]);
+        assert_eq!((p.n_blocks(starts[0], 192, 128), p.n_blocks(starts[5], 192, 128)), (1, 8));
     }
 
     #[test]

@@ -211,23 +211,26 @@ impl FwdParams {
         head.checked_div(self.kv_group).unwrap_or(0)
     }
 
-    /// Key blocks of `block_n` keys that any row of query block `m_block` (of `block_m`
-    /// rows) can see: all of them, or under a causal mask those up to the last row's
-    /// diagonal (none if even that row sees no key).
+    /// Key blocks of `block_n` keys that any row of the query tile of `block_m` rows from
+    /// `row0` can see: all of them, or under a causal mask those up to the last row's
+    /// diagonal (none if even that row sees no key). `row0 > -block_m`: a tile may start
+    /// above row 0 (FA3's causal tiles, [`fa3::tile_row0`]), never wholly.
     #[inline(always)]
-    pub fn n_blocks(&self, m_block: u32, block_m: u32, block_n: u32) -> u32 {
-        self.blocks_through_row(m_block * block_m + block_m - 1, block_n)
+    pub fn n_blocks(&self, row0: i32, block_m: u32, block_n: u32) -> u32 {
+        self.blocks_through_row((row0 + block_m as i32 - 1).max(0) as u32, block_n)
     }
 
     /// How many leading key blocks of `block_n` keys some query row in `[row0, row0 + rows)`
-    /// may attend (rows past `seqlen_q` attend nothing). A consumer warpgroup of a tile
-    /// skips the tile's blocks past this count: they are masked for all of its rows.
+    /// may attend (rows before 0 or past `seqlen_q` attend nothing). A consumer warpgroup
+    /// of a tile skips the tile's blocks past this count: they are masked for all of its
+    /// rows.
     #[inline(always)]
-    pub fn visible_blocks(&self, row0: u32, rows: u32, block_n: u32) -> u32 {
-        if row0 >= self.seqlen_q || rows == 0 {
+    pub fn visible_blocks(&self, row0: i32, rows: u32, block_n: u32) -> u32 {
+        let end = (row0 + rows as i32).min(self.seqlen_q as i32);
+        if row0 >= self.seqlen_q as i32 || end <= 0 || rows == 0 {
             return 0;
         }
-        self.blocks_through_row((row0 + rows).min(self.seqlen_q) - 1, block_n)
+        self.blocks_through_row(end as u32 - 1, block_n)
     }
 
     /// Key blocks that query row `last_row` (and so any row before it) can see.
@@ -256,7 +259,7 @@ mod tests {
 
     #[test]
     fn non_causal_tiles_visit_every_key_block() {
-        assert_eq!(params(1000, 300, false).n_blocks(7, 128, 128), 3);
+        assert_eq!(params(1000, 300, false).n_blocks(896, 128, 128), 3);
         assert_eq!(params(1, 1, false).n_blocks(0, 128, 80), 1);
     }
 
@@ -266,13 +269,13 @@ mod tests {
         assert_eq!(p.causal_offset(), Some(0));
         // Rows 0..127 see keys 0..127: one 128-key block; rows 128..255: two.
         assert_eq!(p.n_blocks(0, 128, 128), 1);
-        assert_eq!(p.n_blocks(1, 128, 128), 2);
+        assert_eq!(p.n_blocks(128, 128, 128), 2);
         // seqlen_q > seqlen_k: the first 700 rows see no key at all.
         let p = params(1000, 300, true);
         assert_eq!(p.causal_offset(), Some(-700));
-        assert_eq!(p.n_blocks(4, 128, 128), 0, "rows 512..639 see nothing");
-        assert_eq!(p.n_blocks(5, 128, 128), 1, "row 767 sees keys 0..67");
-        assert_eq!(p.n_blocks(7, 128, 128), 3, "never past the last key block");
+        assert_eq!(p.n_blocks(512, 128, 128), 0, "rows 512..639 see nothing");
+        assert_eq!(p.n_blocks(640, 128, 128), 1, "row 767 sees keys 0..67");
+        assert_eq!(p.n_blocks(896, 128, 128), 3, "never past the last key block");
     }
 
     /// Brute force over small shapes: no key that any row of the range may attend lies in a
@@ -283,13 +286,14 @@ mod tests {
         for causal in [false, true] {
             for (sq, sk) in [(1, 1), (5, 9), (9, 5), (17, 17), (40, 23), (23, 40), (64, 64)] {
                 let p = params(sq, sk, causal);
-                let sees = |r: u32, c: u32| {
-                    r < sq && c < sk && p.causal_offset().is_none_or(|off| c as i64 <= r as i64 + off as i64)
+                let sees = |r: i32, c: u32| {
+                    (0..sq as i32).contains(&r) && c < sk && p.causal_offset().is_none_or(|off| c as i64 <= r as i64 + off as i64)
                 };
-                for (row0, rows) in [(0, 1), (0, 8), (3, 5), (8, 8), (16, 16), (32, 64), (60, 8)] {
+                // Negative starts: FA3's first causal tile may begin above row 0.
+                for (row0, rows) in [(0, 1), (0, 8), (3, 5), (8, 8), (16, 16), (32, 64), (60, 8), (-5, 8), (-8, 8), (-60, 64)] {
                     for block_n in [1, 4, 8, 16] {
                         let v = p.visible_blocks(row0, rows, block_n);
-                        let seen = |b: u32| (b * block_n..(b + 1) * block_n).any(|c| (row0..row0 + rows).any(|r| sees(r, c)));
+                        let seen = |b: u32| (b * block_n..(b + 1) * block_n).any(|c| (row0..row0 + rows as i32).any(|r| sees(r, c)));
                         let ctx = format!("sq {sq} sk {sk} causal {causal} rows {row0}+{rows} block_n {block_n}");
                         assert!((v..sk.div_ceil(block_n) + 1).all(|b| !seen(b)), "skips an attended key: {ctx} -> {v}");
                         assert!(v == 0 || seen(v - 1), "not tight: {ctx} -> {v}");

@@ -32,7 +32,7 @@ pub unsafe fn fwd<E: Element, const D: u32, const DT: usize, const DK: usize>(p:
     let head_k = p.kv_head(head);
     let m0 = m_block * BLOCK_M;
     let causal_offset = p.causal_offset();
-    let n_blocks = p.n_blocks(m_block, BLOCK_M, BLOCK_N) as i32;
+    let n_blocks = p.n_blocks(m0 as i32, BLOCK_M, BLOCK_N) as i32;
 
     let base = smem::dynamic_smem_base();
     let q_s = base;

@@ -1,5 +1,6 @@
 //! The epilogue: O = acc / rowsum written through shared memory by TMA (rows past the
-//! sequence end are clipped by the tensor map's bounds), and the LSE.
+//! sequence end are clipped by the tensor map's bounds; rows above a causal first tile's
+//! start go out from registers), and the LSE.
 use super::scheduler::Tile;
 use crate::element::Element;
 use crate::ptx::mbarrier::Mbarrier;
@@ -59,19 +60,39 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     // The TMA store reads through the async proxy.
     fence::proxy_async_shared();
     barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
-    let row0 = tile.m_block * BLOCK_M + wg * 64;
-    if thread_in_wg == 0 {
-        for chunk in 0..D / 64 {
-            let src = o_smem.add(chunk * BLOCK_M * 128 + wg * 64 * 128);
-            // SAFETY: 64 rows x 128 B written above and fenced.
-            unsafe { tma_o.store_5d(src, [0, row0 as i32, chunk as i32, tile.head as i32, tile.batch as i32]) };
+    // Rows past `seqlen_q` are clipped by the TMA store, and skipped for the LSE.
+    let row0 = tile.row0 + (wg * 64) as i32;
+    if row0 >= 0 {
+        if thread_in_wg == 0 {
+            for chunk in 0..D / 64 {
+                let src = o_smem.add(chunk * BLOCK_M * 128 + wg * 64 * 128);
+                // SAFETY: 64 rows x 128 B written above and fenced.
+                unsafe { tma_o.store_5d(src, [0, row0, chunk as i32, tile.head as i32, tile.batch as i32]) };
+            }
+            tma::store_commit();
         }
-        tma::store_commit();
+    } else {
+        // Rows of a causal first tile that starts above row 0: the TMA unit faults on a
+        // store box that starts there (CUDA_ERROR_ILLEGAL_INSTRUCTION on the H100, where
+        // loads from there zero-fill), so these go out from registers, the rows before 0
+        // dropped. At most one warpgroup's worth per (batch, head).
+        let head_base = p.o + 2 * (tile.batch as u64 * p.o_strides.batch + tile.head as u64 * p.o_strides.head);
+        for r in 0..2 {
+            let row = row0 + (warp * 16 + g + 8 * r as u32) as i32;
+            if (0..p.seqlen_q as i32).contains(&row) {
+                let row_base = head_base + 2 * row as u64 * p.o_strides.row;
+                for j in 0..ON {
+                    // SAFETY: inside the host-checked O tensor; 4 B aligned (even column,
+                    // strides that the TMA store already needs to be multiples of 16 B).
+                    unsafe { global::st_u32(row_base + 2 * (8 * j as u64 + 2 * t as u64), packed(j, r)) };
+                }
+            }
+        }
     }
     if t == 0 {
         for r in 0..2 {
-            let row = row0 + warp * 16 + g + 8 * r as u32;
-            if row < p.seqlen_q {
+            let row = row0 + (warp * 16 + g + 8 * r as u32) as i32;
+            if (0..p.seqlen_q as i32).contains(&row) {
                 let idx = ((tile.batch * p.heads_q + tile.head) as u64) * p.seqlen_q as u64 + row as u64;
                 // SAFETY: the host sized the LSE buffer for batch * heads_q * seqlen_q.
                 unsafe { global::st_f32(p.lse + 4 * idx, lse[r]) };

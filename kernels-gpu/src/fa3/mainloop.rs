@@ -190,7 +190,7 @@ impl Masker<'_> {
     /// are past `seqlen_q`), which cost it no GEMM and no softmax.
     #[inline(always)]
     fn first_step<const BLOCK_N: u32>(&self) -> u32 {
-        let visible = self.p.visible_blocks(self.wg_row0 as u32, 64, BLOCK_N);
+        let visible = self.p.visible_blocks(self.wg_row0, 64, BLOCK_N);
         // Warpgroup-uniform already; the broadcast lets ptxas see it, so that the loops
         // bounded by it keep their wgmma asynchronous.
         math::shfl_broadcast_u32(self.n - visible.min(self.n))
@@ -291,12 +291,12 @@ where
         return (o, softmax);
     }
     let lane = thread_in_wg % 32;
-    let wg_row0 = tile.m_block * BLOCK_M + wg * 64;
+    let wg_row0 = tile.row0 + (wg * 64) as i32;
     let masker = Masker {
         p,
         n,
-        wg_row0: wg_row0 as i32,
-        row_g: (wg_row0 + (thread_in_wg / 32) * 16 + lane / 4) as i32,
+        wg_row0,
+        row_g: wg_row0 + ((thread_in_wg / 32) * 16 + lane / 4) as i32,
         col_2t: 2 * (lane % 4) as i32,
     };
 

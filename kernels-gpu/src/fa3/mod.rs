@@ -152,7 +152,7 @@ pub unsafe fn fwd<
                     }
                     let tile = order.tile(t, &p);
                     handoff.publish(&mut st, Some(&tile));
-                    loader.load_tile(&tile, tile.m_block * BLOCK_M);
+                    loader.load_tile(&tile);
                     claims.advance();
                 }
             }
@@ -221,7 +221,7 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
             let ops = Operands { q_desc: opaque_u64(ops.q_desc), ..ops };
             let o_smem = SmemAddr(opaque_u32(self.o_smem.0));
             if is_loader {
-                loader.load_q(&tile, tile.m_block * BLOCK_M);
+                loader.load_q(&tile);
                 for i in 0..if tile.n_blocks < STAGES { tile.n_blocks } else { STAGES } {
                     loader.load_k(&tile, i);
                     loader.load_v(&tile, i);

@@ -49,7 +49,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     /// key to see gets the slot without a load (its output is zeros, staged in memory a
     /// late Q load must not land on).
     #[inline(always)]
-    pub fn load_q(&mut self, tile: &Tile, row0: u32) {
+    pub fn load_q(&mut self, tile: &Tile) {
         let st = self.q_state;
         if tile.n_blocks == 0 {
             self.q.producer_acquire_bytes(st, 0, self.leader);
@@ -57,7 +57,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
             self.q.producer_acquire(st, self.leader);
             // SAFETY: the slot holds one box; its full barrier expects the bytes.
             unsafe {
-                self.map(0).load_5d(self.q.slot(0), self.q.full(0), [0, row0 as i32, 0, tile.head as i32, tile.batch as i32], self.leader)
+                self.map(0).load_5d(self.q.slot(0), self.q.full(0), [0, tile.row0, 0, tile.head as i32, tile.batch as i32], self.leader)
             };
         }
         self.q_state.advance();
@@ -116,8 +116,8 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
 
     /// All loads of one tile, in consumption order (the warp-specialized producer).
     #[inline(always)]
-    pub fn load_tile(&mut self, tile: &Tile, row0: u32) {
-        self.load_q(tile, row0);
+    pub fn load_tile(&mut self, tile: &Tile) {
+        self.load_q(tile);
         let n = tile.n_blocks;
         if n == 0 {
             return;

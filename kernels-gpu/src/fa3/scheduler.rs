@@ -24,6 +24,9 @@ use common::fa3::{self, TILE_HANDOFF_STAGES};
 #[derive(Clone, Copy)]
 pub struct Tile {
     pub m_block: u32,
+    /// Its first query row ([`fa3::tile_row0`]): negative for a causal first tile that
+    /// ends on its rows' diagonal, its rows above 0 loaded as zeros and never stored.
+    pub row0: i32,
     pub head: u32,
     pub head_k: u32,
     pub batch: u32,
@@ -57,12 +60,14 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileOrder<BLOCK_M, BLOCK_N> {
         let (unit, hb) = fa3::tile_unit_and_head(t, self.units, p.section_log2);
         let m_block = unit * self.cluster + self.rank;
         let head = hb.checked_rem(p.heads_q).unwrap_or(0);
+        let row0 = fa3::tile_row0(p, m_block, BLOCK_M);
         Tile {
             m_block,
+            row0,
             head,
             head_k: p.kv_head(head),
             batch: hb.checked_div(p.heads_q).unwrap_or(0),
-            n_blocks: p.n_blocks(m_block, BLOCK_M, BLOCK_N),
+            n_blocks: p.n_blocks(row0, BLOCK_M, BLOCK_N),
         }
     }
 }
@@ -207,6 +212,6 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileSource<BLOCK_M, BLOCK_N> for Ha
         if m_block == NO_TILE {
             return None;
         }
-        Some(Tile { m_block, head, head_k: p.kv_head(head), batch, n_blocks })
+        Some(Tile { m_block, row0: fa3::tile_row0(p, m_block, BLOCK_M), head, head_k: p.kv_head(head), batch, n_blocks })
     }
 }
