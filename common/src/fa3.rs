@@ -28,14 +28,14 @@ impl Techniques {
     pub const NO_WARP_SPECIALIZATION: Self = Techniques { warp_specialized: false, ..Self::FULL };
 }
 
-/// The techniques the planner uses when the caller names no algorithm. hdim 128 without
-/// clusters and without a causal mask leaves pingpong out: with Q in registers, QK^T
-/// reads only K from shared memory, and the kernel without pingpong was faster in every
-/// round of two A/Bs (+0.9-1.8% at 2k-16k, docs/perf.md items 48 and 50). With a causal
-/// mask pingpong stays (without it: -3% at 8k, within 1% elsewhere, item 50). The
-/// multicast kernels keep it (not measured without).
-pub const fn default_techniques(hdim: u32, cluster: u32, causal: bool) -> Techniques {
-    if hdim == 128 && cluster == 1 && !causal { Techniques::NO_PINGPONG } else { Techniques::FULL }
+/// The techniques the planner uses when the caller names no algorithm: every one, at
+/// every head dim and mask. hdim 128 without a causal mask left pingpong out from
+/// session 7 to 11 (+0.9-1.8% at 2k-16k then, docs/perf.md items 48 and 50); with the
+/// kernels of session 11 pingpong won every round of an A/B there (+0.1-2.4% steady,
+/// 5 of 6 bursts at 16k, item 71). Kept as a function of the call so that a head dim or
+/// mask can differ again.
+pub const fn default_techniques(_hdim: u32, _cluster: u32, _causal: bool) -> Techniques {
+    Techniques::FULL
 }
 
 /// Lazy rescaling (FlashAttention-4): the kernels keep a row's running max, and skip the
@@ -255,7 +255,8 @@ pub const MULTICAST_CLUSTER: u32 = 2;
 
 /// The FA3 kernels: every head dim and dtype with all techniques, the 2-CTA multicast
 /// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
-/// multicast producer too few), hdim 128 without pingpong (its default, both dtypes),
+/// multicast producer too few), hdim 128 without pingpong (both dtypes: the default
+/// without a mask until session 11),
 /// plus the other ablation variants at hdim 128 fp16.
 pub const KERNELS: [KernelEntry; 12] = fa3_entries! {
     "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, cluster 1;

@@ -15,8 +15,8 @@ pub struct AttnOptions {
     /// sees keys `j <= i + seqlen_k - seqlen_q`), as FlashAttention 2.1+.
     pub causal: bool,
     /// Kernel family; `None` picks the fastest available: FlashAttention-3 with the head
-    /// dim's default techniques (`common::fa3::default_techniques`: no pingpong at hdim
-    /// 128 without a causal mask). `Algo::Fa3(Techniques::FULL)` forces every technique.
+    /// dim's default techniques (`common::fa3::default_techniques`: every technique).
+    /// `Algo::Fa3(Techniques::NO_PINGPONG)` etc. leave one out.
     pub algo: Option<Algo>,
     /// How FA3 tiles are spread over the GPU.
     pub schedule: Schedule,

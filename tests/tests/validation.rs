@@ -53,9 +53,9 @@ fn a_valid_call_is_planned_with_the_default_scale() {
     // persistent grid of at most one CTA per SM.
     assert_eq!(plan.grid, ((300usize.div_ceil(128) * 8 * 2) as u32, 1, 1));
     assert_eq!(plan.block, 384);
-    // hdim 128's default techniques: no pingpong.
-    assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::NO_PINGPONG));
-    assert_eq!((plan.kernel.cluster, plan.kernel.name), (1, "fa3_fwd_hdim128_bf16_nopingpong"));
+    // hdim 128's default techniques: all of them.
+    assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::FULL));
+    assert_eq!((plan.kernel.cluster, plan.kernel.name), (1, "fa3_fwd_hdim128_bf16"));
     let maps = plan.tma.expect("FA3 launches carry tensor maps");
     assert_eq!(maps[1].dims, [64, 500, 2, 2, 2], "k: 64-wide chunks, seqlen, chunks, heads_k, batch");
     assert_eq!(maps[1].box_dims, [64, 128, 2, 1, 1], "k: one box per tile");
@@ -176,20 +176,18 @@ fn the_fa2_kernel_can_be_forced() {
 }
 
 #[test]
-fn hdim_128_defaults_to_no_pingpong_without_a_mask_and_can_force_every_technique() {
+fn hdim_128_defaults_to_every_technique_and_can_leave_pingpong_out() {
     for dtype in DType::ALL {
         let mut c = Call::good();
         for t in [&mut c.q, &mut c.k, &mut c.v, &mut c.out] {
             t.dtype = dtype;
         }
-        let plan = c.plan().unwrap();
-        assert_eq!(plan.kernel.algo, Algo::Fa3(Techniques::NO_PINGPONG), "{dtype:?}");
-        // A causal mask keeps pingpong.
-        c.opts = c.opts.causal(true);
-        assert_eq!(c.plan().unwrap().kernel.algo, Algo::Fa3(Techniques::FULL), "{dtype:?} causal");
-        c.opts = c.opts.causal(false);
-        c.opts = c.opts.algo(Algo::Fa3(Techniques::FULL));
-        assert_eq!(c.plan().unwrap().kernel.algo, Algo::Fa3(Techniques::FULL), "{dtype:?}");
+        for causal in [false, true] {
+            c.opts = c.opts.causal(causal);
+            assert_eq!(c.plan().unwrap().kernel.algo, Algo::Fa3(Techniques::FULL), "{dtype:?} causal {causal}");
+        }
+        c.opts = c.opts.causal(false).algo(Algo::Fa3(Techniques::NO_PINGPONG));
+        assert_eq!(c.plan().unwrap().kernel.algo, Algo::Fa3(Techniques::NO_PINGPONG), "{dtype:?}");
     }
     // Multicast clusters keep pingpong (no kernel without it).
     let mut c = Call::good();

@@ -25,9 +25,9 @@ USAGE:
       --check          compare with the CPU references (f64 exact, naive low precision)
       --seed N         random seed (default: from the clock)
       --device N       GPU ordinal (default 0)
-      --algo NAME      fa3 (default: FA3 with the head dim's default techniques;
-                       no pingpong at hdim 128 non-causal), fa2, or an FA3 variant: fa3-full
-                       (every technique), fa3-nopingpong, fa3-nooverlap, fa3-nows
+      --algo NAME      fa3 (default: FA3 with the head dim's default techniques,
+                       all of them), fa2, or an FA3 variant: fa3-full (every technique),
+                       fa3-nopingpong, fa3-nooverlap, fa3-nows
                        (the last two hdim 128 f16 only)
       --schedule S     FA3 grid: auto (default), persistent, dynamic, multicast
                        (2-CTA clusters, hdim 128, non-causal), tile
