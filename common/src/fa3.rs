@@ -138,8 +138,11 @@ impl TileConfig {
     /// for all of its rows (past its causal diagonal, or all blocks for rows past the
     /// sequence end). Only where tiles and key blocks differ in size (hdim 64's 192-row
     /// tiles, hdim 256's 80-key blocks) does a warpgroup of a causal tile have such
-    /// blocks; with square 128 x 128 tiles it always sees part of the last one, and the
-    /// bookkeeping cost 2-3% at hdim 128, 1k-2k (docs/perf.md, v7).
+    /// blocks; with square 128 x 128 tiles it sees part of the last one unless the tile
+    /// starts 64 or more rows before a key block ([`tile_row0`] with `seqlen_q % 128` in
+    /// 1..=64: warpgroup 0 then computes one fully masked block per tile, about what the
+    /// unshifted layout's empty last warpgroup cost, not yet measured, docs/perf.md
+    /// item 72), and the bookkeeping cost 2-3% at hdim 128, 1k-2k (docs/perf.md, v7).
     pub const fn skips_masked_blocks(&self) -> bool {
         self.block_m() != self.block_n
     }
@@ -339,6 +342,33 @@ mod tests {
                         assert_eq!(next, seqlen_q as i32, "causal {causal} block_m {block_m} seqlen {seqlen_q}: the last tile ends on the last row");
                     }
                     assert!(next >= seqlen_q as i32);
+                }
+            }
+        }
+        // Causal calls with seqlen_k != seqlen_q (a diagonal offset of either sign): every
+        // key a row attends lies in a block its tile visits, and no warpgroup sees past
+        // the tile's blocks.
+        for (seqlen_q, seqlen_k) in [(1, 9), (9, 1), (200, 333), (333, 200), (1000, 300), (300, 1000), (1025, 1025)] {
+            let p = FwdParams { seqlen_q, seqlen_k, causal: 1, ..Default::default() };
+            let off = seqlen_k as i32 - seqlen_q as i32;
+            for (block_m, block_n) in [(192, 128), (128, 128), (128, 80)] {
+                let mut next = 0i32;
+                for m in 0..seqlen_q.div_ceil(block_m) {
+                    let row0 = tile_row0(&p, m, block_m);
+                    let n = p.n_blocks(row0, block_m, block_n);
+                    let ctx = format!("sq {seqlen_q} sk {seqlen_k} tile {block_m}x{block_n} m {m}");
+                    assert_eq!(row0.max(0), next, "{ctx}: a gap or an overlap");
+                    next = row0 + block_m as i32;
+                    for r in row0.max(0)..(row0 + block_m as i32).min(seqlen_q as i32) {
+                        let last_key = (r + off).min(seqlen_k as i32 - 1);
+                        assert!(last_key < 0 || (last_key as u32) < n * block_n, "{ctx}: row {r} needs key {last_key}, visits {n} blocks");
+                    }
+                    for wg in 0..block_m / 64 {
+                        assert!(p.visible_blocks(row0 + 64 * wg as i32, 64, block_n) <= n, "{ctx}: warpgroup {wg}");
+                    }
+                }
+                if CAUSAL_TILES_END_AT_LAST_ROW {
+                    assert_eq!(next, seqlen_q as i32, "sq {seqlen_q} sk {seqlen_k} block_m {block_m}: the last tile ends on the last row");
                 }
             }
         }

@@ -217,6 +217,7 @@ impl FwdParams {
     /// above row 0 (FA3's causal tiles, [`fa3::tile_row0`]), never wholly.
     #[inline(always)]
     pub fn n_blocks(&self, row0: i32, block_m: u32, block_n: u32) -> u32 {
+        debug_assert!(row0 > -(block_m as i32), "a tile wholly before row 0");
         self.blocks_through_row((row0 + block_m as i32 - 1).max(0) as u32, block_n)
     }
 

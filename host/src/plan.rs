@@ -238,7 +238,7 @@ pub fn plan_forward(
     }
 
     // The schedule depends only on whether the kernel is warp-specialized, which every
-    // default is; the default's techniques depend on the cluster the schedule picks.
+    // default is (every technique, whatever the cluster).
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
     let tile_rows = fa3::tile_config(hdim as u32).block_m() as usize;
     let schedule = match (opts.schedule, algo) {

@@ -1,6 +1,7 @@
 //! The epilogue: O = acc / rowsum written through shared memory by TMA (rows past the
-//! sequence end are clipped by the tensor map's bounds; rows above a causal first tile's
-//! start go out from registers), and the LSE.
+//! sequence end are clipped by the tensor map's bounds; the rows >= 0 of a warpgroup
+//! that starts before row 0, in a causal first tile, go out from registers), and the
+//! LSE.
 use super::scheduler::Tile;
 use crate::element::Element;
 use crate::ptx::mbarrier::Mbarrier;

@@ -24,8 +24,9 @@ use common::fa3::{self, TILE_HANDOFF_STAGES};
 #[derive(Clone, Copy)]
 pub struct Tile {
     pub m_block: u32,
-    /// Its first query row ([`fa3::tile_row0`]): negative for a causal first tile that
-    /// ends on its rows' diagonal, its rows above 0 loaded as zeros and never stored.
+    /// Its first query row ([`fa3::tile_row0`]): negative for the short first tile of a
+    /// causal call (tiles end on the last row); rows before 0 load as zeros and are never
+    /// stored.
     pub row0: i32,
     pub head: u32,
     pub head_k: u32,
