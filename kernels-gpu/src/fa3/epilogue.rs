@@ -63,6 +63,11 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
     // Rows past `seqlen_q` are clipped by the TMA store, and skipped for the LSE.
     let row0 = tile.row0 + (wg * 64) as i32;
+    // This thread's row `g + 8r` of its warp's 16, if it exists.
+    let thread_row = |r: u32| {
+        let row = row0 + (warp * 16 + g + 8 * r) as i32;
+        (0..p.seqlen_q as i32).contains(&row).then_some(row)
+    };
     if row0 >= 0 {
         if thread_in_wg == 0 {
             for chunk in 0..D / 64 {
@@ -79,8 +84,7 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
         // dropped. At most one warpgroup's worth per (batch, head).
         let head_base = p.o + 2 * (tile.batch as u64 * p.o_strides.batch + tile.head as u64 * p.o_strides.head);
         for r in 0..2 {
-            let row = row0 + (warp * 16 + g + 8 * r as u32) as i32;
-            if (0..p.seqlen_q as i32).contains(&row) {
+            if let Some(row) = thread_row(r as u32) {
                 let row_base = head_base + 2 * row as u64 * p.o_strides.row;
                 for j in 0..ON {
                     // SAFETY: inside the host-checked O tensor; 4 B aligned (even column,
@@ -92,8 +96,7 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     }
     if t == 0 {
         for r in 0..2 {
-            let row = row0 + (warp * 16 + g + 8 * r as u32) as i32;
-            if (0..p.seqlen_q as i32).contains(&row) {
+            if let Some(row) = thread_row(r as u32) {
                 let idx = ((tile.batch * p.heads_q + tile.head) as u64) * p.seqlen_q as u64 + row as u64;
                 // SAFETY: the host sized the LSE buffer for batch * heads_q * seqlen_q.
                 unsafe { global::st_f32(p.lse + 4 * idx, lse[r]) };
