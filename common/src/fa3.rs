@@ -60,16 +60,26 @@ pub const Q_IN_REGISTERS: bool = true;
 /// `block_m` does not divide `seqlen_q`, the short tile is the first, whose rows see the
 /// fewest key blocks, not the last, which sees the most. At hdim 64 1k that last tile was
 /// one warpgroup running all 8 key blocks with no pingpong partner, 7% of the call
-/// (docs/perf.md item 69). Without a mask every tile sees every key: nothing moves. A
+/// (docs/perf.md item 69). Without a mask every tile sees every key: nothing moves. Only
+/// where warpgroups skip masked key blocks (tiles and key blocks of different sizes,
+/// [`TileConfig::skips_masked_blocks`]): with square 128 x 128 tiles a shift of 64 rows
+/// or more would leave warpgroup 0 a fully masked block in every tile (item 72). A
 /// compile-time switch so that its worth can be measured.
 pub const CAUSAL_TILES_END_AT_LAST_ROW: bool = true;
 
+/// Whether causal tiles of `block_m` rows over key blocks of `block_n` end at the last
+/// row ([`CAUSAL_TILES_END_AT_LAST_ROW`]).
+#[inline(always)]
+pub const fn tiles_end_at_last_row(block_m: u32, block_n: u32) -> bool {
+    CAUSAL_TILES_END_AT_LAST_ROW && block_m != block_n
+}
+
 /// First query row of tile `m_block` of `block_m` rows; negative (rows that do not exist,
 /// loaded as zeros and never stored) for the first tile when causal tiles end at the last
-/// row ([`CAUSAL_TILES_END_AT_LAST_ROW`]). Shared by the kernels and their tests.
+/// row ([`tiles_end_at_last_row`]). Shared by the kernels and their tests.
 #[inline(always)]
-pub fn tile_row0(p: &FwdParams, m_block: u32, block_m: u32) -> i32 {
-    let shift = if CAUSAL_TILES_END_AT_LAST_ROW && p.causal != 0 { (block_m - p.seqlen_q % block_m) % block_m } else { 0 };
+pub fn tile_row0(p: &FwdParams, m_block: u32, block_m: u32, block_n: u32) -> i32 {
+    let shift = if tiles_end_at_last_row(block_m, block_n) && p.causal != 0 { (block_m - p.seqlen_q % block_m) % block_m } else { 0 };
     (m_block * block_m) as i32 - shift as i32
 }
 
@@ -138,11 +148,9 @@ impl TileConfig {
     /// for all of its rows (past its causal diagonal, or all blocks for rows past the
     /// sequence end). Only where tiles and key blocks differ in size (hdim 64's 192-row
     /// tiles, hdim 256's 80-key blocks) does a warpgroup of a causal tile have such
-    /// blocks; with square 128 x 128 tiles it sees part of the last one unless the tile
-    /// starts 64 or more rows before a key block ([`tile_row0`] with `seqlen_q % 128` in
-    /// 1..=64: warpgroup 0 then computes one fully masked block per tile, about what the
-    /// unshifted layout's empty last warpgroup cost, not yet measured, docs/perf.md
-    /// item 72), and the bookkeeping cost 2-3% at hdim 128, 1k-2k (docs/perf.md, v7).
+    /// blocks; with square 128 x 128 tiles (never shifted, [`tiles_end_at_last_row`]) it
+    /// always sees part of the last one, and the bookkeeping cost 2-3% at hdim 128, 1k-2k
+    /// (docs/perf.md, v7).
     pub const fn skips_masked_blocks(&self) -> bool {
         self.block_m() != self.block_n
     }
@@ -320,26 +328,27 @@ mod tests {
     #[test]
     fn causal_tiles_cover_every_row_once_with_the_short_tile_first() {
         for causal in [false, true] {
-            for block_m in [64, 128, 192] {
+            for (block_m, block_n) in [(64, 128), (128, 128), (128, 80), (192, 128)] {
+                let shifted = causal && tiles_end_at_last_row(block_m, block_n);
                 for seqlen_q in 1..=400u32 {
                     let p = FwdParams { seqlen_q, seqlen_k: seqlen_q, causal: causal as u32, ..Default::default() };
                     let units = seqlen_q.div_ceil(block_m);
                     let mut next = 0i32;
                     for m in 0..units {
-                        let row0 = tile_row0(&p, m, block_m);
-                        let ctx = format!("causal {causal} block_m {block_m} seqlen {seqlen_q} tile {m}");
+                        let row0 = tile_row0(&p, m, block_m, block_n);
+                        let ctx = format!("causal {causal} tile {block_m}x{block_n} seqlen {seqlen_q} tile {m}");
                         assert!(row0 > -(block_m as i32), "{ctx}: starts {row0}");
                         assert_eq!(row0.max(0), next, "{ctx}: a gap or an overlap");
                         next = row0 + block_m as i32;
                         if m > 0 {
                             assert!(row0 >= 0, "{ctx}: only the first tile may start above row 0");
                         }
-                        if !causal || !CAUSAL_TILES_END_AT_LAST_ROW {
+                        if !shifted {
                             assert_eq!(row0, (m * block_m) as i32, "{ctx}");
                         }
                     }
-                    if causal && CAUSAL_TILES_END_AT_LAST_ROW {
-                        assert_eq!(next, seqlen_q as i32, "causal {causal} block_m {block_m} seqlen {seqlen_q}: the last tile ends on the last row");
+                    if shifted {
+                        assert_eq!(next, seqlen_q as i32, "tile {block_m}x{block_n} seqlen {seqlen_q}: the last tile ends on the last row");
                     }
                     assert!(next >= seqlen_q as i32);
                 }
@@ -354,7 +363,7 @@ mod tests {
             for (block_m, block_n) in [(192, 128), (128, 128), (128, 80)] {
                 let mut next = 0i32;
                 for m in 0..seqlen_q.div_ceil(block_m) {
-                    let row0 = tile_row0(&p, m, block_m);
+                    let row0 = tile_row0(&p, m, block_m, block_n);
                     let n = p.n_blocks(row0, block_m, block_n);
                     let ctx = format!("sq {seqlen_q} sk {seqlen_k} tile {block_m}x{block_n} m {m}");
                     assert_eq!(row0.max(0), next, "{ctx}: a gap or an overlap");
@@ -367,14 +376,14 @@ mod tests {
                         assert!(p.visible_blocks(row0 + 64 * wg as i32, 64, block_n) <= n, "{ctx}: warpgroup {wg}");
                     }
                 }
-                if CAUSAL_TILES_END_AT_LAST_ROW {
+                if tiles_end_at_last_row(block_m, block_n) {
                     assert_eq!(next, seqlen_q as i32, "sq {seqlen_q} sk {seqlen_k} block_m {block_m}: the last tile ends on the last row");
                 }
             }
         }
         // hdim 64 at 1k: 64 rows first (one key block), the 192-row tiles after them.
         let p = FwdParams { seqlen_q: 1024, seqlen_k: 1024, causal: 1, ..Default::default() };
-        let starts: std::vec::Vec<i32> = (0..6).map(|m| tile_row0(&p, m, 192)).collect();
+        let starts: std::vec::Vec<i32> = (0..6).map(|m| tile_row0(&p, m, 192, 128)).collect();
         assert_eq!(starts, [-128, 64, 256, 448, 640, 832]);
         assert_eq!((p.n_blocks(starts[0], 192, 128), p.n_blocks(starts[5], 192, 128)), (1, 8));
     }

@@ -61,7 +61,7 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileOrder<BLOCK_M, BLOCK_N> {
         let (unit, hb) = fa3::tile_unit_and_head(t, self.units, p.section_log2);
         let m_block = unit * self.cluster + self.rank;
         let head = hb.checked_rem(p.heads_q).unwrap_or(0);
-        let row0 = fa3::tile_row0(p, m_block, BLOCK_M);
+        let row0 = fa3::tile_row0(p, m_block, BLOCK_M, BLOCK_N);
         Tile {
             m_block,
             row0,
@@ -213,6 +213,6 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileSource<BLOCK_M, BLOCK_N> for Ha
         if m_block == NO_TILE {
             return None;
         }
-        Some(Tile { m_block, row0: fa3::tile_row0(p, m_block, BLOCK_M), head, head_k: p.kv_head(head), batch, n_blocks })
+        Some(Tile { m_block, row0: fa3::tile_row0(p, m_block, BLOCK_M, BLOCK_N), head, head_k: p.kv_head(head), batch, n_blocks })
     }
 }
