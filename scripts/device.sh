@@ -66,7 +66,7 @@ for step in "$@"; do
           "$(grep -c UTMALDG /tmp/one.sass)" "$(grep -c UTMASTG /tmp/one.sass)" "$(grep -c 'LDL' /tmp/one.sass)" "$(grep -c 'STL' /tmp/one.sass)"
       done | tee "$OUT/sass_summary.txt" ;;
     sanitize)
-      # memcheck, racecheck and synccheck on 13 cases each, 8 runs at a time, with the
+      # memcheck, racecheck and synccheck on 14 cases each, 8 runs at a time, with the
       # default algorithm unless a case names one (ALGO is not used here):
       # causal 1x200x2 (one tile per CTA) and 1x256x70 (140 tiles > 132 SMs: the counter,
       # in sections of 2 heads) at hdim 64, 128, 256; hdim 64 without a mask at 1x1100x2
@@ -74,13 +74,14 @@ for step in "$@"; do
       # for a short last block); hdim 128 1x300x2 without a mask; the 2-CTA multicast
       # kernel; hdim 128 without pingpong, and the no-overlap ablation (Q in registers,
       # rotated loop). The causal cases of 200 rows start their first tile before row 0,
-      # and 1x17x2x128 causal has a warpgroup wholly before it.
+      # and 1x17x2x128 causal has a warpgroup wholly before it. hdim 256 runs its 64-key
+      # kernel up to 4096 keys, its 80-key one on 4200.
       for tool in memcheck racecheck synccheck; do
         for a in "1x200x2x64 --causal" "1x256x70x64 --causal" "1x1100x2x64" "1x1100x24x64" \
           "1x200x2x128 --causal" "1x256x70x128 --causal" "1x300x2x128" "1x200x2x256 --causal" \
           "1x256x70x256 --causal" "1x300x4x128 --heads-k 2 --schedule multicast" \
           "1x300x2x128 --algo fa3-nopingpong" "1x300x2x128 --causal --algo fa3-nooverlap" \
-          "1x17x2x128 --causal"; do
+          "1x17x2x128 --causal" "1x100x2x256 --seqlen-k 4200 --causal"; do
           echo "$tool $a"
         done
       done | B=$B TMP=$TMP xargs -P 8 -L 1 bash -c 'tool=$0; log=$(mktemp -p "$TMP"); timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/fa3" run --dtype f16 --random "$@" > "$log" 2>&1; rc=$?

@@ -126,6 +126,13 @@ pub struct TileConfig {
 }
 
 impl TileConfig {
+    /// A tile of `64 * consumer_wgs` query rows over key blocks of `block_n`, with two
+    /// K and two V stages (at hdim 256 no third fits; at hdim 64 and 128 a third
+    /// measured no faster).
+    pub const fn new(hdim: u32, consumer_wgs: u32, block_n: u32) -> TileConfig {
+        TileConfig { hdim, consumer_wgs, block_n, stages: 2, pingpong: true }
+    }
+
     /// Query rows per CTA.
     pub const fn block_m(&self) -> u32 {
         64 * self.consumer_wgs
@@ -156,27 +163,39 @@ impl TileConfig {
     }
 }
 
-/// Tile shape per head dim. hdim 64 runs three consumer warpgroups (192 query rows:
-/// its softmax costs as much as its GEMMs, and a third warpgroup hides more of it, as in
-/// FA3); hdim 256 keeps FA3's 80-key tiles so that Q, two K and two V stages fit in
-/// 227 KB of shared memory.
+/// Tile shape per head dim, with its longest key blocks. hdim 64 runs three consumer
+/// warpgroups (192 query rows: its softmax costs as much as its GEMMs, and a third
+/// warpgroup hides more of it, as in FA3); hdim 256 keeps FA3's 80-key tiles so that Q,
+/// two K and two V stages fit in 227 KB of shared memory (and 64-key tiles for up to
+/// [`SHORT_KEYS_HDIM256`] keys, [`key_block`]).
 pub const fn tile_config(hdim: u32) -> TileConfig {
     tile_config_wgs(hdim, if hdim == 64 { 3 } else { 2 })
 }
 
-/// Tile shape of a head dim with `consumer_wgs` consumer warpgroups (the kernels use
-/// [`tile_config`]'s; others are for experiments).
+/// Tile shape of a head dim with `consumer_wgs` consumer warpgroups and the head dim's
+/// longest key blocks (the kernels use [`tile_config`]'s warpgroups; others are for
+/// experiments).
 pub const fn tile_config_wgs(hdim: u32, consumer_wgs: u32) -> TileConfig {
-    match hdim {
-        64 => TileConfig { hdim, consumer_wgs, block_n: 128, stages: 2, pingpong: true },
-        128 => TileConfig { hdim, consumer_wgs, block_n: 128, stages: 2, pingpong: true },
-        _ => TileConfig { hdim, consumer_wgs, block_n: 80, stages: 2, pingpong: true },
-    }
+    TileConfig::new(hdim, consumer_wgs, if hdim == 256 { 80 } else { 128 })
+}
+
+/// Up to this many keys, hdim 256 runs 64-key blocks instead of 80: 80 does not divide
+/// the usual lengths, so the last block is padded (512 keys take 7 blocks of 80 = 560,
+/// 1k takes 1040), and a causal diagonal is coarser. Beyond, 80's fewer blocks win: an
+/// A/B of the two (docs/perf.md item 73) had 64 ahead by 6.2% / 3.5% at 512 (non-causal /
+/// causal), 0.7% / 4.1% at 1k, level at 2k-4k, and 1.4% behind at 16k non-causal. A block
+/// costs about its keys plus 5 keys' worth of fixed work in that A/B, which puts the
+/// break-even near 4k.
+pub const SHORT_KEYS_HDIM256: u32 = 4096;
+
+/// Keys per K/V block of the FA3 kernel the planner picks for `seqlen_k` keys.
+pub const fn key_block(hdim: u32, seqlen_k: u32) -> u32 {
+    if hdim == 256 && seqlen_k <= SHORT_KEYS_HDIM256 { 64 } else { tile_config(hdim).block_n }
 }
 
 /// Tile shape of an FA3 kernel.
 pub const fn kernel_config(k: &KernelEntry) -> TileConfig {
-    tile_config_wgs(k.hdim, k.consumer_wgs)
+    TileConfig::new(k.hdim, k.consumer_wgs, k.block_n)
 }
 
 /// Threads per CTA of a kernel variant with `wgs` consumer warpgroups.
@@ -244,7 +263,7 @@ pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
 }
 
 macro_rules! fa3_entries {
-    ($($name:literal => $hdim:literal, $dtype:ident, $tech:ident, wgs $wgs:literal, cluster $cluster:literal;)*) => {
+    ($($name:literal => $hdim:literal, $dtype:ident, $tech:ident, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal;)*) => {
         [$(KernelEntry {
             name: $name,
             algo: Algo::Fa3(Techniques::$tech),
@@ -254,6 +273,7 @@ macro_rules! fa3_entries {
             launch_bounds: threads(Techniques::$tech, $wgs),
             cluster: $cluster,
             consumer_wgs: $wgs,
+            block_n: $keys,
         },)*]
     };
 }
@@ -264,24 +284,27 @@ macro_rules! fa3_entries {
 /// where both CTAs visit the same key blocks).
 pub const MULTICAST_CLUSTER: u32 = 2;
 
-/// The FA3 kernels: every head dim and dtype with all techniques, the 2-CTA multicast
+/// The FA3 kernels: every head dim and dtype with all techniques (hdim 256 with 80- and
+/// 64-key blocks, [`key_block`]), the 2-CTA multicast
 /// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
 /// multicast producer too few), hdim 128 without pingpong (both dtypes: the default
 /// without a mask until session 11),
 /// plus the other ablation variants at hdim 128 fp16.
-pub const KERNELS: [KernelEntry; 12] = fa3_entries! {
-    "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, cluster 1;
-    "fa3_fwd_hdim128_f16" => 128, F16, FULL, wgs 2, cluster 1;
-    "fa3_fwd_hdim256_f16" => 256, F16, FULL, wgs 2, cluster 1;
-    "fa3_fwd_hdim64_bf16" => 64, BF16, FULL, wgs 3, cluster 1;
-    "fa3_fwd_hdim128_bf16" => 128, BF16, FULL, wgs 2, cluster 1;
-    "fa3_fwd_hdim256_bf16" => 256, BF16, FULL, wgs 2, cluster 1;
-    "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, wgs 2, cluster 2;
-    "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, wgs 2, cluster 2;
-    "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, wgs 2, cluster 1;
-    "fa3_fwd_hdim128_bf16_nopingpong" => 128, BF16, NO_PINGPONG, wgs 2, cluster 1;
-    "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, wgs 2, cluster 1;
-    "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, wgs 2, cluster 1;
+pub const KERNELS: [KernelEntry; 14] = fa3_entries! {
+    "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, keys 128, cluster 1;
+    "fa3_fwd_hdim128_f16" => 128, F16, FULL, wgs 2, keys 128, cluster 1;
+    "fa3_fwd_hdim256_f16" => 256, F16, FULL, wgs 2, keys 80, cluster 1;
+    "fa3_fwd_hdim256_f16_n64" => 256, F16, FULL, wgs 2, keys 64, cluster 1;
+    "fa3_fwd_hdim64_bf16" => 64, BF16, FULL, wgs 3, keys 128, cluster 1;
+    "fa3_fwd_hdim128_bf16" => 128, BF16, FULL, wgs 2, keys 128, cluster 1;
+    "fa3_fwd_hdim256_bf16" => 256, BF16, FULL, wgs 2, keys 80, cluster 1;
+    "fa3_fwd_hdim256_bf16_n64" => 256, BF16, FULL, wgs 2, keys 64, cluster 1;
+    "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, wgs 2, keys 128, cluster 2;
+    "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, wgs 2, keys 128, cluster 2;
+    "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, wgs 2, keys 128, cluster 1;
+    "fa3_fwd_hdim128_bf16_nopingpong" => 128, BF16, NO_PINGPONG, wgs 2, keys 128, cluster 1;
+    "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, wgs 2, keys 128, cluster 1;
+    "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, wgs 2, keys 128, cluster 1;
 };
 
 #[cfg(test)]
@@ -328,7 +351,7 @@ mod tests {
     #[test]
     fn causal_tiles_cover_every_row_once_with_the_short_tile_first() {
         for causal in [false, true] {
-            for (block_m, block_n) in [(64, 128), (128, 128), (128, 80), (192, 128)] {
+            for (block_m, block_n) in [(64, 128), (128, 128), (128, 80), (128, 64), (192, 128)] {
                 let shifted = causal && tiles_end_at_last_row(block_m, block_n);
                 for seqlen_q in 1..=400u32 {
                     let p = FwdParams { seqlen_q, seqlen_k: seqlen_q, causal: causal as u32, ..Default::default() };

@@ -56,11 +56,13 @@ pub struct KernelEntry {
     pub cluster: u32,
     /// FA3: consumer warpgroups (64 query rows each); 0 for FA2.
     pub consumer_wgs: u32,
+    /// FA3: keys per K/V block; 0 for FA2.
+    pub block_n: u32,
 }
 
 macro_rules! fa2_entries {
     ($($name:literal => $hdim:literal, $dtype:ident;)*) => {
-        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0, launch_bounds: 0, cluster: 1, consumer_wgs: 0 },)*]
+        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0, launch_bounds: 0, cluster: 1, consumer_wgs: 0, block_n: 0 },)*]
     };
 }
 
@@ -89,15 +91,16 @@ pub const KERNELS: [KernelEntry; 6 + fa3::KERNELS.len()] = {
     all
 };
 
-/// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none).
-pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32) -> Option<&'static KernelEntry> {
-    let wgs = match algo {
-        Algo::Fa2 => 0,
-        Algo::Fa3(_) => fa3::tile_config(hdim).consumer_wgs,
+/// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none) over
+/// `seqlen_k` keys (FA3 picks its key block by it, [`fa3::key_block`]).
+pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: u32) -> Option<&'static KernelEntry> {
+    let (wgs, block_n) = match algo {
+        Algo::Fa2 => (0, 0),
+        Algo::Fa3(_) => (fa3::tile_config(hdim).consumer_wgs, fa3::key_block(hdim, seqlen_k)),
     };
-    KERNELS
-        .iter()
-        .find(|k| k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster && k.consumer_wgs == wgs)
+    KERNELS.iter().find(|k| {
+        k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster && k.consumer_wgs == wgs && k.block_n == block_n
+    })
 }
 
 /// Strides, in elements, of a `[batch, seqlen, heads, hdim]` tensor whose last

@@ -264,8 +264,8 @@ pub fn plan_forward(
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
     let algo = opts.algo.unwrap_or(Algo::Fa3(fa3::default_techniques(hdim as u32, cluster, opts.causal)));
-    let kernel =
-        common::find_kernel(algo, hdim as u32, q.dtype, cluster).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
+    let kernel = common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32)
+        .ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let mut params = FwdParams {
         q: q.addr,
         k: k.addr,

@@ -17,7 +17,7 @@ pub mod fa3;
 pub mod ptx;
 pub mod softmax;
 
-use common::fa3::{TileConfig, tile_config_wgs};
+use common::fa3::TileConfig;
 use common::{FwdParams, TmaDescriptors};
 use element::{BF16, F16};
 
@@ -46,7 +46,7 @@ fa2_entry!(fa2_fwd_hdim128_bf16, BF16, 128);
 fa2_entry!(fa2_fwd_hdim256_bf16, BF16, 256);
 
 macro_rules! fa3_entry {
-    ($name:ident, $elem:ty, $d:literal, wgs: $wgs:literal, cluster: $cluster:literal, ws: $ws:literal, pingpong: $pp:literal, overlap: $ov:literal) => {
+    ($name:ident, $elem:ty, $d:literal, wgs: $wgs:literal, keys: $keys:literal, cluster: $cluster:literal, ws: $ws:literal, pingpong: $pp:literal, overlap: $ov:literal) => {
         /// FlashAttention-3 forward; grid: one CTA per tile or per SM (see the host's
         /// `Schedule`), `128 * (consumer warpgroups + 1)` threads (without warp
         /// specialization, no producer warpgroup). The TMA descriptors are read through the
@@ -54,7 +54,7 @@ macro_rules! fa3_entry {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(_tma: TmaDescriptors, p: FwdParams) {
             let tma = kernel_param0_address!($name);
-            const CFG: TileConfig = tile_config_wgs($d, $wgs);
+            const CFG: TileConfig = TileConfig::new($d, $wgs, $keys);
             const PINGPONG: bool = $pp && CFG.pingpong;
             unsafe {
                 fa3::fwd::<
@@ -78,15 +78,17 @@ macro_rules! fa3_entry {
     };
 }
 
-fa3_entry!(fa3_fwd_hdim64_f16, F16, 64, wgs: 3, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16, F16, 128, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim256_f16, F16, 256, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim64_bf16, BF16, 64, wgs: 3, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_bf16, BF16, 128, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim256_bf16, BF16, 256, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16_multicast, F16, 128, wgs: 2, cluster: 2, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_bf16_multicast, BF16, 128, wgs: 2, cluster: 2, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16_nopingpong, F16, 128, wgs: 2, cluster: 1, ws: true, pingpong: false, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_bf16_nopingpong, BF16, 128, wgs: 2, cluster: 1, ws: true, pingpong: false, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16_nooverlap, F16, 128, wgs: 2, cluster: 1, ws: true, pingpong: true, overlap: false);
-fa3_entry!(fa3_fwd_hdim128_f16_nows, F16, 128, wgs: 2, cluster: 1, ws: false, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim64_f16, F16, 64, wgs: 3, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16, F16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim256_f16, F16, 256, wgs: 2, keys: 80, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim256_f16_n64, F16, 256, wgs: 2, keys: 64, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim64_bf16, BF16, 64, wgs: 3, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_bf16, BF16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim256_bf16, BF16, 256, wgs: 2, keys: 80, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim256_bf16_n64, BF16, 256, wgs: 2, keys: 64, cluster: 1, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16_multicast, F16, 128, wgs: 2, keys: 128, cluster: 2, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_bf16_multicast, BF16, 128, wgs: 2, keys: 128, cluster: 2, ws: true, pingpong: true, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16_nopingpong, F16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: false, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_bf16_nopingpong, BF16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: false, overlap: true);
+fa3_entry!(fa3_fwd_hdim128_f16_nooverlap, F16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: false);
+fa3_entry!(fa3_fwd_hdim128_f16_nows, F16, 128, wgs: 2, keys: 128, cluster: 1, ws: false, pingpong: true, overlap: true);

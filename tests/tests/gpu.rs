@@ -163,6 +163,17 @@ fn cases() -> Vec<Case> {
             v.push(Case { b: 8, sq: 1024, sk: 1024, hq: 16, hk: 4, ..base });
         }
     }
+    // hdim 256 past 4096 keys runs its 80-key kernel (64-key up to it): a key block
+    // padded at the end, queries shorter than keys, strided, and more tiles than SMs
+    // (144, in the dynamic order: causal).
+    for dtype in DType::ALL {
+        for causal in [false, true] {
+            let base = Case::base(None, dtype, 256, causal);
+            v.push(Case { b: 1, sq: 300, sk: 4500, hq: 4, hk: 2, storage: Storage::Strided, ..base });
+        }
+    }
+    let base = Case::base(None, DType::F16, 256, true);
+    v.push(Case { b: 1, sq: 1100, sk: 4200, hq: 16, hk: 2, ..base });
     // The hdim 128 variants compute the same function as its default (every technique):
     // every technique named explicitly and no pingpong
     // (both dtypes, both masks), and the fp16 ablation kernels.

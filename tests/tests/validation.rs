@@ -418,6 +418,31 @@ fn hdim_64_calls_use_192_row_tiles() {
     }
 }
 
+/// hdim 256 runs 64-key blocks up to 4096 keys (80 pads the usual lengths) and 80-key
+/// blocks beyond; the K and V maps load one block per box (docs/perf.md item 73).
+#[test]
+fn hdim_256_picks_its_key_block_by_the_key_count() {
+    for (seqlen_k, name, keys) in [
+        (1, "fa3_fwd_hdim256_bf16_n64", 64),
+        (1024, "fa3_fwd_hdim256_bf16_n64", 64),
+        (4096, "fa3_fwd_hdim256_bf16_n64", 64),
+        (4097, "fa3_fwd_hdim256_bf16", 80),
+        (16384, "fa3_fwd_hdim256_bf16", 80),
+    ] {
+        for causal in [false, true] {
+            let mut c = Call::shaped([1, 1000, 8, 256], [1, seqlen_k, 8, 256], DType::BF16);
+            c.opts = AttnOptions::default().causal(causal);
+            let plan = c.plan().unwrap();
+            assert_eq!(plan.kernel.name, name, "seqlen_k {seqlen_k} causal {causal}");
+            let maps = plan.tma.unwrap();
+            assert_eq!((maps[1].box_dims[1], maps[2].box_dims[1]), (keys, keys), "seqlen_k {seqlen_k}");
+        }
+    }
+    // The query length does not move it.
+    let c = Call::shaped([1, 9000, 8, 256], [1, 300, 8, 256], DType::F16);
+    assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim256_f16_n64");
+}
+
 /// The kernel's dynamic schedule, run on the CPU with CTAs interleaved in a random
 /// order: from any base (wrapping included), every tile is computed exactly once and the
 /// counter moves on by exactly `dynamic_claims(tiles)`, which the host adds to the next

@@ -17,7 +17,7 @@ use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::wgmma::{self, WgmmaAcc, fence_a_operand};
 use crate::softmax::{Frag, OnlineSoftmax, apply_mask};
 use common::FwdParams;
-use common::fa3::{q_in_registers, tile_config_wgs};
+use common::fa3::{TileConfig, q_in_registers};
 use common::gmma::{k_major_sw128, mn_major_sw128, sw128_offset};
 
 /// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
@@ -309,7 +309,7 @@ where
     // Not without warp specialization: there a release refills the ring and blocks until
     // the other warpgroups released the slot too, which they do only after turns that
     // would wait for ours (the ablation's hdim 128 skips no block anyway).
-    let skips = const { tile_config_wgs(D, BLOCK_M / 64).skips_masked_blocks() };
+    let skips = const { TileConfig::new(D, BLOCK_M / 64, BLOCK_N).skips_masked_blocks() };
     let first = if is_loader || !skips { 0 } else { masker.first_step::<BLOCK_N>() };
     for i in 0..first {
         ops.k.consumer_wait(*rings.kst);

@@ -27,7 +27,7 @@ use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::{barrier, cluster, fence, regs, sreg};
 use crate::softmax::Frag;
-use common::fa3::{SmemLayout, TILE_HANDOFF_SLOT_BYTES, TILE_HANDOFF_STAGES, q_in_registers, smem_layout, tile_config_wgs};
+use common::fa3::{SmemLayout, TILE_HANDOFF_SLOT_BYTES, TILE_HANDOFF_STAGES, TileConfig, q_in_registers, smem_layout};
 use common::{FwdParams, gmma::k_major_sw128};
 use mainloop::{Operands, PingPong};
 use pipeline::{CountState, PipelineState, TmaPipeline};
@@ -36,7 +36,7 @@ use scheduler::{HandoffTiles, StaticTiles, TileClaims, TileHandoff, TileOrder, T
 
 /// The kernel body. `tma`: generic address of the descriptor block (q, k, v, o maps,
 /// 128 B each). `BLOCK_M`, `BLOCK_N`, `STAGES` and the register split come from
-/// `tile_config_wgs(D, BLOCK_M / 64)`; `SN = BLOCK_N/8`, `ON = D/8`, `PK = BLOCK_N/16` size the register tiles.
+/// `TileConfig::new(D, BLOCK_M / 64, BLOCK_N)` (asserted); `SN = BLOCK_N/8`, `ON = D/8`, `PK = BLOCK_N/16` size the register tiles.
 /// `WS`, `PINGPONG`, `OVERLAP` switch the seed techniques (see `common::fa3::Techniques`).
 #[inline(always)]
 pub unsafe fn fwd<
@@ -62,7 +62,7 @@ pub unsafe fn fwd<
     [Frag; ON]: WgmmaAcc,
 {
     const {
-        let c = tile_config_wgs(D, BLOCK_M / 64);
+        let c = TileConfig::new(D, BLOCK_M / 64, BLOCK_N);
         assert!(c.block_m() == BLOCK_M && c.block_n == BLOCK_N && c.stages == STAGES);
         assert!(c.register_split(CLUSTER).0 == PRODUCER_REGS && c.register_split(CLUSTER).1 == CONSUMER_REGS);
         assert!(SN as u32 * 8 == BLOCK_N && ON as u32 * 8 == D && PK as u32 * 16 == BLOCK_N && D % 64 == 0);
@@ -71,7 +71,7 @@ pub unsafe fn fwd<
         assert!(epilogue::EPILOGUE_BARRIER + BLOCK_M / 64 <= mainloop::PINGPONG_BARRIER);
         assert!(mainloop::PINGPONG_BARRIER + BLOCK_M / 64 <= 16);
     };
-    let layout: SmemLayout = const { smem_layout(tile_config_wgs(D, BLOCK_M / 64)) };
+    let layout: SmemLayout = const { smem_layout(TileConfig::new(D, BLOCK_M / 64, BLOCK_N)) };
     let consumer_wgs = BLOCK_M / 64;
     let base = align_up(dynamic_smem_base(), 1024);
     let tid = sreg::thread_idx_x();
@@ -230,7 +230,7 @@ impl<const D: u32, const BLOCK_M: u32, const BLOCK_N: u32, const STAGES: u32> Co
             self.q.consumer_wait(qst);
             let qf = if q_in_registers(D) {
                 // O must have its own buffer: Q's is released here, not after the store.
-                const { assert!(!q_in_registers(D) || !smem_layout(tile_config_wgs(D, BLOCK_M / 64)).o_shares_q()) };
+                const { assert!(!q_in_registers(D) || !smem_layout(TileConfig::new(D, BLOCK_M / 64, BLOCK_N)).o_shares_q()) };
                 let qf = mainloop::load_q::<BLOCK_M>(self.q.slot(0), cw, thread_in_wg);
                 // The next Q lands here through the async proxy, after these generic reads.
                 fence::proxy_async_shared();
