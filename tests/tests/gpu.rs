@@ -397,6 +397,15 @@ impl CounterCase {
         out.extend(bits(&stream.clone_dtoh(&self.lse)?));
         Ok(out)
     }
+
+    /// The bits of O and LSE, then both poisoned again, so that the next read shows only
+    /// what later launches wrote.
+    fn take(&mut self, stream: &Arc<CudaStream>) -> Result<Vec<u32>, Failed> {
+        let out = self.read(stream)?;
+        self.o.fill(stream, f32::NAN)?;
+        stream.memcpy_htod(&vec![f32::NAN; self.lse.len()], &mut self.lse)?;
+        Ok(out)
+    }
 }
 
 /// One causal launch of [`COUNTER_CASE`] on `stream`: the bits of O and LSE.
@@ -560,45 +569,28 @@ fn dynamic_counter_is_right_in_graph_replays() -> Result<(), Failed> {
     let gpu = Gpu::new(0)?;
     // SAFETY: everything below runs on one stream.
     unsafe { gpu.context().disable_event_tracking() };
-    let [b, s, h, _] = COUNTER_CASE;
     let stream = gpu.new_stream()?;
-    let layout = Layout::contiguous(COUNTER_CASE);
-    let up = |t: &HostTensor| DeviceTensor::from_f32_strided(&stream, DType::F16, layout, t.data.len(), &t.data, f32::NAN);
-    let host = counter_case_inputs(12);
-    let (q, k, v) = (up(&host[0])?, up(&host[1])?, up(&host[2])?);
-    let mut o = DeviceTensor::alloc(&stream, DType::F16, COUNTER_CASE)?;
-    let mut lse = stream.alloc_zeros::<f32>(b * h * s)?;
-    let launch = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>, schedule: Schedule| {
-        let opts = AttnOptions::default().causal(true).schedule(schedule);
-        flash_attn_func_into(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), lse, &opts)
-    };
-    let read = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>| -> Result<Vec<u32>, Failed> {
-        let mut out = bits(&o.to_f32(&stream)?);
-        out.extend(bits(&stream.clone_dtoh(lse)?));
-        o.fill(&stream, f32::NAN)?;
-        stream.memcpy_htod(&vec![f32::NAN; lse.len()], lse)?;
-        Ok(out)
-    };
-    launch(&mut o, &mut lse, Schedule::TilePerCta)?;
-    let want = read(&mut o, &mut lse)?;
+    let mut case = CounterCase::upload(&stream, &counter_case_inputs(12))?;
+    case.launch(&gpu, &stream, Schedule::TilePerCta)?;
+    let want = case.take(&stream)?;
     // Moves the stream's cached counter off zero before the capture.
-    launch(&mut o, &mut lse, Schedule::PersistentDynamic)?;
-    if read(&mut o, &mut lse)? != want {
+    case.launch(&gpu, &stream, Schedule::PersistentDynamic)?;
+    if case.take(&stream)? != want {
         return Err("the launch before the capture differs from one tile per CTA".into());
     }
     stream.synchronize()?;
     stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = launch(&mut o, &mut lse, Schedule::PersistentDynamic);
+    let captured = case.launch(&gpu, &stream, Schedule::PersistentDynamic);
     let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
     captured?;
     let graph = graph.ok_or("the capture recorded nothing")?;
     for i in 0..3 {
         graph.launch()?;
-        if read(&mut o, &mut lse)? != want {
+        if case.take(&stream)? != want {
             return Err(format!("graph replay {i} differs from one tile per CTA").into());
         }
-        launch(&mut o, &mut lse, Schedule::PersistentDynamic)?;
-        if read(&mut o, &mut lse)? != want {
+        case.launch(&gpu, &stream, Schedule::PersistentDynamic)?;
+        if case.take(&stream)? != want {
             return Err(format!("the launch after replay {i} differs from one tile per CTA").into());
         }
     }
