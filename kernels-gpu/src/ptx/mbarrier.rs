@@ -25,14 +25,18 @@ impl Mbarrier {
         unsafe { asm!("mbarrier.arrive.shared::cta.b64 _, [{0}];", in(reg32) self.0.0, options(nostack)) };
     }
 
-    /// Arrives on the barrier at the same offset in cluster peer `rank`'s shared memory
-    /// (release at cluster scope: this thread's earlier reads of the peer's data are done).
+    /// Arrives on the barrier at the same offset in cluster peer `rank`'s shared memory,
+    /// with the default CTA-scope release (as CUTLASS's `ClusterBarrier::arrive`). The
+    /// slot this releases was read by wgmmas already waited for, so no memory access
+    /// needs ordering at cluster scope; `.release.cluster` put a GPU-wide `MEMBAR` before
+    /// every remote arrival, which made the multicast kernel 30-58% slower (docs/perf.md
+    /// item 78).
     #[inline(always)]
     pub fn arrive_peer(self, rank: u32) {
         let remote = super::cluster::map_shared(self.0, rank);
         // SAFETY: an initialised barrier in a live peer CTA (the kernel syncs the cluster
         // before the first and after the last remote arrival).
-        unsafe { asm!("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{0}];", in(reg32) remote, options(nostack)) };
+        unsafe { asm!("mbarrier.arrive.shared::cluster.b64 _, [{0}];", in(reg32) remote, options(nostack)) };
     }
 
     /// Arrives and adds `bytes` to the transaction count the phase waits for (the
