@@ -284,6 +284,17 @@ macro_rules! fa3_entries {
 /// where both CTAs visit the same key blocks).
 pub const MULTICAST_CLUSTER: u32 = 2;
 
+/// From this many query rows and keys, the planner runs hdim 128 without a mask in
+/// multicast clusters. A/B against the persistent kernel, 3 rounds (docs/perf.md item
+/// 78): +1.8% at 4k and +2.2% at 8k, +0.6% at 16k (all 3 rounds), but -1.9% at 2k.
+pub const MULTICAST_MIN_SEQLEN: u32 = 4096;
+
+/// Whether the planner's default picks multicast clusters (no causal mask, every
+/// technique: the only multicast kernels).
+pub const fn multicast_pays(hdim: u32, seqlen_q: u32, seqlen_k: u32) -> bool {
+    hdim == 128 && seqlen_q >= MULTICAST_MIN_SEQLEN && seqlen_k >= MULTICAST_MIN_SEQLEN
+}
+
 /// The FA3 kernels: every head dim and dtype with all techniques (hdim 256 with 80- and
 /// 64-key blocks, [`key_block`]), the 2-CTA multicast
 /// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the

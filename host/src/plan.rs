@@ -237,8 +237,8 @@ pub fn plan_forward(
         )));
     }
 
-    // The schedule depends only on whether the kernel is warp-specialized, which every
-    // default is (every technique, whatever the cluster).
+    // The schedule depends only on whether the kernel is warp-specialized and has every
+    // technique (multicast), which every default is (whatever the cluster).
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
     let tile_rows = fa3::tile_config(hdim as u32).block_m() as usize;
     let schedule = match (opts.schedule, algo) {
@@ -247,6 +247,13 @@ pub fn plan_forward(
         // the blocks per head, hands every short tile to the same few CTAs (hdim 64 at
         // 1k: 6 blocks of 192 rows, 132 SMs): the counter balances them (+5% there,
         // docs/perf.md item 52).
+        // Long hdim 128 calls without a mask: pairs of CTAs share each K/V tile over a
+        // cluster, half the L2 reads (docs/perf.md item 78).
+        (Schedule::Auto, Algo::Fa3(t))
+            if !opts.causal && t == Techniques::FULL && fa3::multicast_pays(hdim as u32, seqlen_q as u32, seqlen_k as u32) =>
+        {
+            Schedule::PersistentMulticast
+        }
         (Schedule::Auto, Algo::Fa3(_)) if !opts.causal && seqlen_q % tile_rows == 0 => Schedule::Persistent,
         (Schedule::Auto, Algo::Fa3(t)) if t.warp_specialized => Schedule::PersistentDynamic,
         (Schedule::Auto, _) => Schedule::TilePerCta,

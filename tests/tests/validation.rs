@@ -387,6 +387,28 @@ fn multicast_clusters_only_without_a_causal_mask() {
     assert!(matches!(c.plan(), Err(AttnError::NoKernel { .. })));
 }
 
+/// The default runs hdim 128 without a mask in multicast clusters from 4096 query rows
+/// and keys (docs/perf.md item 78), and never with a mask, another head dim, shorter
+/// sequences or an ablation variant (which has no multicast kernel).
+#[test]
+fn long_hdim_128_calls_without_a_mask_default_to_multicast() {
+    let cluster = |q: [usize; 4], kv: [usize; 4], opts: AttnOptions| {
+        let mut c = Call::shaped(q, kv, DType::F16);
+        c.opts = opts;
+        c.plan().unwrap().kernel.cluster
+    };
+    let long = [1, 4096, 16, 128];
+    assert_eq!(cluster(long, long, AttnOptions::default()), 2);
+    assert_eq!(cluster([1, 16384, 16, 128], [1, 16384, 4, 128], AttnOptions::default()), 2);
+    assert_eq!(cluster(long, long, AttnOptions::default().causal(true)), 1);
+    assert_eq!(cluster([1, 4095, 16, 128], long, AttnOptions::default()), 1);
+    assert_eq!(cluster(long, [1, 4095, 16, 128], AttnOptions::default()), 1);
+    assert_eq!(cluster([1, 4096, 16, 64], [1, 4096, 16, 64], AttnOptions::default()), 1);
+    assert_eq!(cluster([1, 4096, 8, 256], [1, 4096, 8, 256], AttnOptions::default()), 1);
+    assert_eq!(cluster(long, long, AttnOptions::default().algo(Algo::Fa3(Techniques::NO_PINGPONG))), 1);
+    assert_eq!(cluster(long, long, AttnOptions::default().schedule(Schedule::Persistent)), 1);
+}
+
 #[test]
 fn multicast_plans_pairs_of_query_blocks_in_whole_clusters() {
     let mut c = Call::good();
