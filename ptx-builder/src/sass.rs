@@ -236,7 +236,12 @@ pub fn q_operand_violations(code: &Code) -> Vec<String> {
 
 /// How many `LDSM` instructions `code` has.
 pub fn ldsm_count(code: &Code) -> usize {
-    code.instrs.iter().filter(|i| i.opcode.starts_with("LDSM")).count()
+    opcode_count(code, "LDSM")
+}
+
+/// Instructions whose opcode (with its modifiers) starts with `prefix`.
+pub fn opcode_count(code: &Code, prefix: &str) -> usize {
+    code.instrs.iter().filter(|i| i.opcode.starts_with(prefix)).count()
 }
 
 #[cfg(test)]

@@ -189,6 +189,37 @@ fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Resu
     if problems.is_empty() { Ok(()) } else { Err(problems.join("\n").into()) }
 }
 
+/// The multicast kernels release their peer's K/V slots with remote mbarrier arrivals in
+/// the mainloop; with `.release.cluster` each came with a GPU-wide `MEMBAR` (and error
+/// barriers), which cost 30-58% (docs/perf.md item 78). Only the two cluster barriers,
+/// after init and before exit, may fence the whole GPU, and the remote arrivals are there
+/// (so the check is not vacuous).
+fn multicast_releases_carry_no_gpu_wide_fence(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
+    let code = sass_of(&nvdisasm, shipped(&ptxas, Ptxas::DriverJit)?)?;
+    let mut problems = Vec::new();
+    let mut kernels = 0;
+    for k in common::KERNELS.iter().filter(|k| k.cluster > 1) {
+        kernels += 1;
+        let Some((_, kernel)) = code.iter().find(|(n, _)| n == k.name) else {
+            problems.push(format!("{}: not in the SASS", k.name));
+            continue;
+        };
+        let fences = sass::opcode_count(kernel, "MEMBAR.ALL.GPU");
+        let remote = sass::opcode_count(kernel, "SYNCS.ARRIVE.TRANS64.RED");
+        println!("    {:<32} {fences} MEMBAR.ALL.GPU, {remote} remote arrivals", k.name);
+        if fences > 2 {
+            problems.push(format!("{}: {fences} GPU-wide fences, at most 2 expected", k.name));
+        }
+        if remote == 0 {
+            problems.push(format!("{}: no remote mbarrier arrival found", k.name));
+        }
+    }
+    if kernels == 0 {
+        problems.push("no multicast kernel".into());
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems.join("\n").into()) }
+}
+
 /// The check above can fail: on a kernel where ptxas 13.0 does overwrite the fragments
 /// (the bug of docs/perf.md item 49), it reports the writes. If this stops failing, the
 /// pinned JIT ptxas no longer has the bug and the fixture no longer proves the check.
@@ -248,6 +279,12 @@ fn main() {
             jit_tools.clone(),
             "the driver JIT's ptxas or nvdisasm is not installed (scripts/setup.sh)",
             |(p, d)| q_fragments_survive_the_driver_jit(p, d),
+        ),
+        tool_trial(
+            "multicast_releases_carry_no_gpu_wide_fence",
+            jit_tools.clone(),
+            "the driver JIT's ptxas or nvdisasm is not installed (scripts/setup.sh)",
+            |(p, d)| multicast_releases_carry_no_gpu_wide_fence(p, d),
         ),
         tool_trial(
             "the_q_check_catches_ptxas_13_0s_clobber",
