@@ -286,7 +286,8 @@ pub const MULTICAST_CLUSTER: u32 = 2;
 
 /// From this many query rows and keys, the planner runs hdim 128 without a mask in
 /// multicast clusters. A/B against the persistent kernel, 3 rounds (docs/perf.md item
-/// 78): +1.8% at 4k and +2.2% at 8k, +0.6% at 16k (all 3 rounds), but -1.9% at 2k.
+/// 78): +1.8% at 4k, +2.3% at 8k and +0.4% at 16k (medians; every round at 4k and 16k,
+/// 2 of 3 at 8k), but -1.9% at 2k.
 pub const MULTICAST_MIN_SEQLEN: u32 = 4096;
 
 /// Whether the planner's default picks multicast clusters (no causal mask, every

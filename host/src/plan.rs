@@ -45,8 +45,8 @@ pub enum Schedule {
     /// Persistent (static order) over clusters of two CTAs on neighbouring query blocks
     /// of one head, which share each K/V tile by TMA multicast (half the L2 traffic).
     /// Non-causal only (both CTAs must visit the same key blocks), hdim 128, all
-    /// techniques on. Opt-in: measured ~30% slower than `Persistent` on the H100
-    /// (docs/perf.md), cause not yet found.
+    /// techniques on. `Auto` picks it from 4096 query rows and keys
+    /// (`common::fa3::multicast_pays`; docs/perf.md item 78).
     PersistentMulticast,
 }
 
