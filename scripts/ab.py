@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Table of an A/B run (scripts/ab.sh): per config the median TFLOP/s of each variant over
-its rounds, the ratio of each variant to the first, and to cuDNN when a peers CSV is given.
+its rounds, the ratio of each variant to the first, and to cuDNN (the median over the
+peers CSVs given, files named peers*.csv).
 
-usage: ab.py VARIANT.rN.csv... [peers.csv]
+usage: ab.py VARIANT.rN.csv... [peers[.rN].csv...]
 """
 import csv, math, os, statistics, sys
 
@@ -13,11 +14,12 @@ for path in sys.argv[1:]:
         key = (int(r["hdim"]), int(r["seqlen"]), int(r["causal"]))
         if name == "peers":
             if r["impl"] == "torch-cudnn":
-                cudnn[key] = float(r["tflops"])
+                cudnn.setdefault(key, []).append(float(r["tflops"]))
             continue
         if name not in variants:
             variants.append(name)
         runs.setdefault(key, {}).setdefault(name, []).append(float(r["tflops"]))
+cudnn = {k: statistics.median(v) for k, v in cudnn.items()}
 base = variants[0]
 head = ["hdim", "seqlen", "causal"] + variants + [f"{v}/{base}" for v in variants[1:]]
 if cudnn:

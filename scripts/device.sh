@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repo root, after scripts/device-prep.sh staged .device/.
 # usage: scripts/device.sh STEP...
-#   info smoke tests check bench peers table sass sanitize ablation rounds clocks profile
+#   info smoke tests check bench peers table sass sanitize ablation rounds bursts clocks profile
 # clocks: SM clock and board power while ours and cuDNN each run one config
 # (CLOCK_CONFIG, fa3 bench / peers.py arguments) for 4 s.
 # rounds: ROUNDS (3) alternating rounds of bench and peers; their medians become the
@@ -31,15 +31,25 @@ for step in "$@"; do
     check) timeout 120 $B/fa3 run --random 2x4096x16x128 --causal --dtype bf16 --check --algo "$ALGO" || status=1 ;;
     bench) timeout 300 $B/fa3 bench --dtype "$DTYPE" --algo "$ALGO" --csv "$OUT/ours_${ALGO}_$DTYPE.csv" ${BENCH_ARGS:-} > "$TMP/bench_${ALGO}_$DTYPE.log" || status=1; tail -n 3 "$TMP/bench_${ALGO}_$DTYPE.log" ;;
     ablation)
-      for a in fa3 fa3-nopingpong fa3-nooverlap fa3-nows fa2; do
-        timeout 120 $B/fa3 bench --dtype f16 --hdims 128 --seqlens 512,1024,2048,4096,8192,16384 --algo $a --csv "$TMP/ablation_$a.csv" > /dev/null || status=1
+      # ABLATION_ROUNDS (1) rounds, each starting one variant later so that none always
+      # follows the same one; the median of each config over the rounds.
+      algos=(fa3 fa3-nopingpong fa3-nooverlap fa3-nows fa2)
+      for r in $(seq "${ABLATION_ROUNDS:-1}"); do
+        for i in "${!algos[@]}"; do
+          a=${algos[$(((i + r - 1) % ${#algos[@]}))]}
+          timeout 120 $B/fa3 bench --dtype f16 --hdims 128 --seqlens 512,1024,2048,4096,8192,16384 --algo $a --csv "$TMP/ablation_$a.r$r.csv" > /dev/null || status=1
+        done
       done
+      for a in "${algos[@]}"; do
+        python3 scripts/median.py "$TMP/ablation_median_$a.csv" "$TMP"/ablation_$a.r*.csv >&2
+        awk 'FNR > 1 { n = FILENAME; sub(/.*\/ablation_/, "", n); sub(/\.csv$/, "", n); print n "," $0 }' "$TMP"/ablation_$a.r*.csv
+      done > "$OUT/ablation_rounds.csv"
       # Against this call's peers when `peers` or `rounds` ran before it; without them the
       # table still has ours (a missing file once cost a whole ablation run).
       # The ablation kernels are fp16: compare with fp16 peers whatever DTYPE is.
       peers=()
       [ -f "$OUT/peers_f16.csv" ] && peers=("$OUT/peers_f16.csv") || echo "ablation: no peers_f16.csv in $OUT, no ratios"
-      python3 scripts/compare.py "$TMP"/ablation_*.csv ${peers[@]+"${peers[@]}"} | tee "$OUT/ablation.md" ;;
+      python3 scripts/compare.py "$TMP"/ablation_median_*.csv ${peers[@]+"${peers[@]}"} | tee "$OUT/ablation.md" ;;
     peers) timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$OUT/peers_$DTYPE.csv" ${PEER_ARGS:-} > "$TMP/peers_$DTYPE.log" 2>&1 || status=1; tail -n 2 "$TMP/peers_$DTYPE.log" ;;
     rounds)
       for r in $(seq "${ROUNDS:-3}"); do
@@ -52,6 +62,22 @@ for step in "$@"; do
       done > "$OUT/rounds_$DTYPE.csv"
       python3 scripts/median.py "$OUT/ours_${ALGO}_$DTYPE.csv" "$TMP"/ours_r*.csv
       python3 scripts/median.py "$OUT/peers_$DTYPE.csv" "$TMP"/peers_r*.csv ;;
+    bursts)
+      # The anchors' (and the FA3 paper's) timing: 5 warm-ups and 20 launches after 3 s
+      # idle, no sustained load. ROUNDS (7) rounds, each the default schedule, then the
+      # persistent one, then the peers, so each round's three see the same card.
+      # BURST_ARGS picks the configs (hdim 128 16k non-causal by default).
+      a=${BURST_ARGS:---hdims 128 --seqlens 16384 --causal off}
+      a="$a --warmup-ms 0 --timing-ms 0 --cooldown-ms 3000"
+      for r in $(seq "${ROUNDS:-7}"); do
+        timeout 300 $B/fa3 bench --dtype "$DTYPE" --csv "$TMP/default.r$r.csv" $a > /dev/null || status=1
+        timeout 300 $B/fa3 bench --dtype "$DTYPE" --csv "$TMP/persistent.r$r.csv" --schedule persistent $a > /dev/null || status=1
+        timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$TMP/peers.r$r.csv" $a > /dev/null 2>&1 || status=1
+      done
+      for f in "$TMP"/*.r*.csv; do
+        awk -v v="$(basename "$f" .csv)" 'NR > 1 { print v "," $0 }' "$f"
+      done > "$OUT/bursts_rounds_$DTYPE.csv"
+      python3 scripts/ab.py "$TMP"/default.r*.csv "$TMP"/persistent.r*.csv "$TMP"/peers.r*.csv | tee "$OUT/bursts_$DTYPE.md" ;;
     table) python3 scripts/compare.py "$OUT"/ours_*_"$DTYPE".csv "$OUT/peers_$DTYPE.csv" | tee "$OUT/table_$DTYPE.md" ;;
     sass)
       $B/fa3 ptx > "$TMP/kernels.ptx"
