@@ -63,21 +63,29 @@ for step in "$@"; do
       python3 scripts/median.py "$OUT/ours_${ALGO}_$DTYPE.csv" "$TMP"/ours_r*.csv
       python3 scripts/median.py "$OUT/peers_$DTYPE.csv" "$TMP"/peers_r*.csv ;;
     bursts)
-      # The anchors' (and the FA3 paper's) timing: 5 warm-ups and 20 launches after 3 s
-      # idle, no sustained load. ROUNDS (7) rounds, each the default schedule, then the
-      # persistent one, then the peers, so each round's three see the same card.
-      # BURST_ARGS picks the configs (hdim 128 16k non-causal by default).
+      # The anchors' (and the FA3 paper's) timing: 5 warm-ups and 20 launches after
+      # BURST_COOLDOWN_MS (3000) idle, no sustained load. ROUNDS (7) rounds, each the
+      # default schedule, then (BURST_PERSISTENT=1, the default) the persistent one, then
+      # the peers, so each round's runs see the same card. BURST_ARGS picks the configs
+      # (hdim 128 16k non-causal by default; "--causal both" for the whole grid).
       a=${BURST_ARGS:---hdims 128 --seqlens 16384 --causal off}
-      a="$a --warmup-ms 0 --timing-ms 0 --cooldown-ms 3000"
+      a="$a --warmup-ms 0 --timing-ms 0 --cooldown-ms ${BURST_COOLDOWN_MS:-3000}"
       for r in $(seq "${ROUNDS:-7}"); do
         timeout 300 $B/fa3 bench --dtype "$DTYPE" --csv "$TMP/default.r$r.csv" $a > /dev/null || status=1
-        timeout 300 $B/fa3 bench --dtype "$DTYPE" --csv "$TMP/persistent.r$r.csv" --schedule persistent $a > /dev/null || status=1
-        timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$TMP/peers.r$r.csv" $a > /dev/null 2>&1 || status=1
+        if [ "${BURST_PERSISTENT:-1}" = 1 ]; then
+          timeout 300 $B/fa3 bench --dtype "$DTYPE" --csv "$TMP/persistent.r$r.csv" --schedule persistent $a > /dev/null || status=1
+        fi
+        timeout 400 python3 scripts/peers.py --dtype "$DTYPE" --csv "$TMP/peers.r$r.csv" $a > /dev/null 2>&1 || status=1
       done
       for f in "$TMP"/*.r*.csv; do
         awk -v v="$(basename "$f" .csv)" 'NR > 1 { print v "," $0 }' "$f"
       done > "$OUT/bursts_rounds_$DTYPE.csv"
-      python3 scripts/ab.py "$TMP"/default.r*.csv "$TMP"/persistent.r*.csv "$TMP"/peers.r*.csv | tee "$OUT/bursts_$DTYPE.md" ;;
+      python3 scripts/median.py "$TMP/bursts_ours.csv" "$TMP"/default.r*.csv
+      python3 scripts/median.py "$TMP/bursts_peers.csv" "$TMP"/peers.r*.csv
+      python3 scripts/compare.py "$TMP/bursts_ours.csv" "$TMP/bursts_peers.csv" | tee "$OUT/bursts_table_$DTYPE.md"
+      if [ "${BURST_PERSISTENT:-1}" = 1 ]; then
+        python3 scripts/ab.py "$TMP"/default.r*.csv "$TMP"/persistent.r*.csv "$TMP"/peers.r*.csv | tee "$OUT/bursts_ab_$DTYPE.md"
+      fi ;;
     table) python3 scripts/compare.py "$OUT"/ours_*_"$DTYPE".csv "$OUT/peers_$DTYPE.csv" | tee "$OUT/table_$DTYPE.md" ;;
     sass)
       $B/fa3 ptx > "$TMP/kernels.ptx"
