@@ -24,5 +24,5 @@ if [ "${PEERS:-1}" = 1 ]; then
 fi
 python3 scripts/ab.py "$TMP"/*.r*.csv "${peers[@]}" | tee "$OUT/${LABEL}.md"
 # Every round, for the record.
-for f in "$TMP"/*.r*.csv; do awk -v v="$(basename "$f" .csv)" 'NR > 1 { print v "," $0 }' "$f"; done > "$OUT/${LABEL}_rounds.csv"
+scripts/label-rows.sh "$TMP"/*.r*.csv > "$OUT/${LABEL}_rounds.csv"
 exit $status

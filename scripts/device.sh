@@ -34,16 +34,17 @@ for step in "$@"; do
       # ABLATION_ROUNDS (1) rounds, each starting one variant later so that none always
       # follows the same one; the median of each config over the rounds.
       algos=(fa3 fa3-nopingpong fa3-nooverlap fa3-nows fa2)
+      mkdir -p "$TMP/ablation"
       for r in $(seq "${ABLATION_ROUNDS:-1}"); do
         for i in "${!algos[@]}"; do
           a=${algos[$(((i + r - 1) % ${#algos[@]}))]}
-          timeout 120 $B/fa3 bench --dtype f16 --hdims 128 --seqlens 512,1024,2048,4096,8192,16384 --algo $a --csv "$TMP/ablation_$a.r$r.csv" > /dev/null || status=1
+          timeout 120 $B/fa3 bench --dtype f16 --hdims 128 --seqlens 512,1024,2048,4096,8192,16384 --algo $a --csv "$TMP/ablation/$a.r$r.csv" > /dev/null || status=1
         done
       done
       for a in "${algos[@]}"; do
-        python3 scripts/median.py "$TMP/ablation_median_$a.csv" "$TMP"/ablation_$a.r*.csv >&2
-        awk 'FNR > 1 { n = FILENAME; sub(/.*\/ablation_/, "", n); sub(/\.csv$/, "", n); print n "," $0 }' "$TMP"/ablation_$a.r*.csv
-      done > "$OUT/ablation_rounds.csv"
+        python3 scripts/median.py "$TMP/ablation_median_$a.csv" "$TMP"/ablation/$a.r*.csv >&2
+      done
+      scripts/label-rows.sh "$TMP"/ablation/*.csv > "$OUT/ablation_rounds.csv"
       # Against this call's peers when `peers` or `rounds` ran before it; without them the
       # table still has ours (a missing file once cost a whole ablation run).
       # The ablation kernels are fp16: compare with fp16 peers whatever DTYPE is.
@@ -57,9 +58,7 @@ for step in "$@"; do
         timeout 300 python3 scripts/peers.py --dtype "$DTYPE" --csv "$TMP/peers_r$r.csv" ${PEER_ARGS:-} > /dev/null 2>&1 || status=1
       done
       # Every round's numbers, for the record (one file: $OUT keeps at most 8).
-      for f in "$TMP"/ours_r*.csv "$TMP"/peers_r*.csv; do
-        awk -v r="$(basename "$f" .csv)" 'NR > 1 { print r "," $0 }' "$f"
-      done > "$OUT/rounds_$DTYPE.csv"
+      scripts/label-rows.sh "$TMP"/ours_r*.csv "$TMP"/peers_r*.csv > "$OUT/rounds_$DTYPE.csv"
       python3 scripts/median.py "$OUT/ours_${ALGO}_$DTYPE.csv" "$TMP"/ours_r*.csv
       python3 scripts/median.py "$OUT/peers_$DTYPE.csv" "$TMP"/peers_r*.csv ;;
     bursts)
@@ -77,9 +76,7 @@ for step in "$@"; do
         fi
         timeout 400 python3 scripts/peers.py --dtype "$DTYPE" --csv "$TMP/peers.r$r.csv" $a > /dev/null 2>&1 || status=1
       done
-      for f in "$TMP"/*.r*.csv; do
-        awk -v v="$(basename "$f" .csv)" 'NR > 1 { print v "," $0 }' "$f"
-      done > "$OUT/bursts_rounds_$DTYPE.csv"
+      scripts/label-rows.sh "$TMP"/*.r*.csv > "$OUT/bursts_rounds_$DTYPE.csv"
       python3 scripts/median.py "$TMP/bursts_ours.csv" "$TMP"/default.r*.csv
       python3 scripts/median.py "$TMP/bursts_peers.csv" "$TMP"/peers.r*.csv
       python3 scripts/compare.py "$TMP/bursts_ours.csv" "$TMP/bursts_peers.csv" | tee "$OUT/bursts_table_$DTYPE.md"
