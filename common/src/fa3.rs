@@ -28,16 +28,6 @@ impl Techniques {
     pub const NO_WARP_SPECIALIZATION: Self = Techniques { warp_specialized: false, ..Self::FULL };
 }
 
-/// The techniques the planner uses when the caller names no algorithm: every one, at
-/// every head dim and mask. hdim 128 without a causal mask left pingpong out from
-/// session 7 to 11 (+0.9-1.8% at 2k-16k then, docs/perf.md items 48 and 50); with the
-/// kernels of session 11 pingpong won every round of an A/B there (+0.1-2.4% steady,
-/// 5 of 6 bursts at 16k, item 71). Kept as a function of the call so that a head dim or
-/// mask can differ again.
-pub const fn default_techniques(_hdim: u32, _cluster: u32, _causal: bool) -> Techniques {
-    Techniques::FULL
-}
-
 /// Lazy rescaling (FlashAttention-4): the kernels keep a row's running max, and skip the
 /// rescale of the output accumulator, while the row's scores exceed it by at most this
 /// much in `exp2` units (`(s - max) * softmax_scale * log2 e <= 2`), so the unnormalised
@@ -45,7 +35,7 @@ pub const fn default_techniques(_hdim: u32, _cluster: u32, _causal: bool) -> Tec
 /// error against the naive low-precision implementation and failed the 2x rule in one
 /// GPU test. On the kernels' own tiles, the CPU model's mean error ratio rises by 10%
 /// (f16) and 6% (bf16) at 2, with a worst case of 1.80x naive; at 4 and above, f16's
-/// worst case exceeds 2x. 2 gives 60% of 8's speed-up (docs/perf.md, items 30 and 42).
+/// worst case exceeds 2x. 2 gives 60% of 8's speed-up.
 /// Shared with the CPU model of the algorithm.
 pub const RESCALE_THRESHOLD_LOG2: f32 = 2.0;
 
@@ -59,11 +49,11 @@ pub const Q_IN_REGISTERS: bool = true;
 /// Under a causal mask, query tiles end at the last row instead of starting at row 0: when
 /// `block_m` does not divide `seqlen_q`, the short tile is the first, whose rows see the
 /// fewest key blocks, not the last, which sees the most. At hdim 64 1k that last tile was
-/// one warpgroup running all 8 key blocks with no pingpong partner, 7% of the call
-/// (docs/perf.md item 69). Without a mask every tile sees every key: nothing moves. Only
-/// where warpgroups skip masked key blocks (tiles and key blocks of different sizes,
-/// [`TileConfig::skips_masked_blocks`]): with square 128 x 128 tiles a shift of 64 rows
-/// or more would leave warpgroup 0 a fully masked block in every tile (item 72). A
+/// one warpgroup running all 8 key blocks with no pingpong partner, 7% of the call.
+/// Without a mask every tile sees every key: nothing moves. Only where warpgroups skip
+/// masked key blocks (tiles and key blocks of different sizes,
+/// [`KernelConfig::skips_masked_blocks`]): with square 128 x 128 tiles a shift of 64
+/// rows or more would leave warpgroup 0 a fully masked block in every tile. A
 /// compile-time switch so that its worth can be measured.
 pub const CAUSAL_TILES_END_AT_LAST_ROW: bool = true;
 
@@ -85,11 +75,24 @@ pub fn tile_row0(p: &FwdParams, m_block: u32, block_m: u32, block_n: u32) -> i32
 
 /// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128. The
 /// no-overlap mainloop is rotated for it: in its plain loop shape, ptxas 13.0 (the driver
-/// JIT of the lent H100) reused Q's registers for P (docs/perf.md items 44 and 49).
+/// JIT of driver 580) reused Q's registers for P.
 /// `tests/tests/ptx.rs` checks the JIT's SASS for such writes, and that these kernels
 /// load Q with `ldmatrix`.
 pub const fn q_in_registers(hdim: u32) -> bool {
     Q_IN_REGISTERS && hdim == 128
+}
+
+/// How many leading key blocks (of `block_n` keys, from key 0) every query row from `row0`
+/// on sees whole, under the sequence end `seqlen_k` and, with `causal_offset = Some(off)`,
+/// the causal limit `key <= row + off`: those blocks need no mask. (Later rows see at
+/// least as much as `row0`.) The kernels' `CausalMask` splits the mainloop here.
+#[inline(always)]
+pub fn whole_key_blocks(seqlen_k: i32, causal_offset: Option<i32>, row0: i32, block_n: u32) -> u32 {
+    let keys = match causal_offset {
+        Some(off) => seqlen_k.min(row0 + off + 1),
+        None => seqlen_k,
+    };
+    keys.max(0) as u32 / block_n
 }
 
 /// Tile number `t` of the FA3 kernels' order, as (query unit, (batch, head) index):
@@ -106,45 +109,69 @@ pub fn tile_unit_and_head(t: u32, units: u32, section_log2: u32) -> (u32, u32) {
     (units - 1 - (r >> k), (section << k) | (r & ((1 << k) - 1)))
 }
 
-/// Bytes of the TMA descriptor block (q, k, v, o: 128 B each).
-pub const TMA_PARAM_BYTES: u32 = 4 * 128;
+/// Bytes of one TMA descriptor (`CUtensorMap`) in the kernels' descriptor block.
+pub const TMA_DESCRIPTOR_BYTES: u32 = 128;
 
-/// Per-head-dim tile shape.
+/// The tensor maps of the descriptor block (`TmaDescriptors`), in order.
+#[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TileConfig {
+pub enum TensorMapSlot {
+    Q = 0,
+    K = 1,
+    V = 2,
+    O = 3,
+}
+
+impl TensorMapSlot {
+    /// Byte offset of this map in the descriptor block.
+    pub const fn offset(self) -> u32 {
+        self as u32 * TMA_DESCRIPTOR_BYTES
+    }
+}
+
+/// Bytes of the TMA descriptor block (q, k, v, o).
+pub const TMA_PARAM_BYTES: u32 = 4 * TMA_DESCRIPTOR_BYTES;
+
+/// Depth of the K and V rings of every FA3 kernel: at hdim 256 no third stage fits, and
+/// at hdim 64 and 128 a third measured no faster.
+pub const KV_STAGES: u32 = 2;
+
+/// Largest number of consumer warpgroups in a CTA (the named-barrier ids are laid out
+/// for it).
+pub const MAX_CONSUMER_WGS: u32 = 3;
+
+/// One FA3 kernel: every other constant of the kernel (tile rows, register split, shared
+/// memory layout, which optional steps run) derives from these fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelConfig {
     pub hdim: u32,
     /// Consumer warpgroups per CTA, 64 query rows each.
     pub consumer_wgs: u32,
-    /// Keys per K/V tile.
+    /// Keys per K/V block.
     pub block_n: u32,
-    /// Depth of the K and V rings.
-    pub stages: u32,
-    /// Whether the pingpong schedule is used. On at every head dim: at hdim 256 it cost
-    /// 5-15% while O was rescaled after PV (v2), and gains 3-16% since O is rescaled
-    /// under the QK GEMM (v3, docs/perf.md).
-    pub pingpong: bool,
+    /// CTAs per cluster (1: none; [`MULTICAST_CLUSTER`]: K/V shared by TMA multicast).
+    pub cluster: u32,
+    pub techniques: Techniques,
 }
 
-impl TileConfig {
-    /// A tile of `64 * consumer_wgs` query rows over key blocks of `block_n`, with two
-    /// K and two V stages (at hdim 256 no third fits; at hdim 64 and 128 a third
-    /// measured no faster).
-    pub const fn new(hdim: u32, consumer_wgs: u32, block_n: u32) -> TileConfig {
-        TileConfig { hdim, consumer_wgs, block_n, stages: 2, pingpong: true }
-    }
-
+impl KernelConfig {
     /// Query rows per CTA.
     pub const fn block_m(&self) -> u32 {
         64 * self.consumer_wgs
     }
 
-    /// Registers per thread after `setmaxnreg`, (producer, consumers), in clusters of
-    /// `cluster` (FA3's splits: with two consumer warpgroups 128 * (24 + 2 * 240) = 64512,
-    /// with three 128 * (32 + 3 * 160) = 65536, of the 65536 per SM; the multicast kernels
-    /// 128 * (40 + 2 * 232) = 64512, since their producer issues half-tile loads per chunk
-    /// and spills on 24).
-    pub const fn register_split(&self, cluster: u32) -> (u32, u32) {
-        match (self.consumer_wgs, cluster) {
+    /// Threads per CTA: the consumer warpgroups, and a producer warpgroup with warp
+    /// specialization.
+    pub const fn threads(&self) -> u32 {
+        if self.techniques.warp_specialized { 128 * (self.consumer_wgs + 1) } else { 128 * self.consumer_wgs }
+    }
+
+    /// Registers per thread after `setmaxnreg`, (producer, consumers) (FA3's splits: with
+    /// two consumer warpgroups 128 * (24 + 2 * 240) = 64512, with three 128 * (32 + 3 *
+    /// 160) = 65536, of the 65536 per SM; the multicast kernels 128 * (40 + 2 * 232) =
+    /// 64512, since their producer issues half-tile loads per chunk and spills on 24).
+    pub const fn register_split(&self) -> (u32, u32) {
+        match (self.consumer_wgs, self.cluster) {
             (2, 1) => (24, 240),
             (2, _) => (40, 232),
             _ => (32, 160),
@@ -154,92 +181,97 @@ impl TileConfig {
     /// Whether a consumer warpgroup skips a tile's leading key blocks that are masked
     /// for all of its rows (past its causal diagonal, or all blocks for rows past the
     /// sequence end). Only where tiles and key blocks differ in size (hdim 64's 192-row
-    /// tiles, hdim 256's 80-key blocks) does a warpgroup of a causal tile have such
-    /// blocks; with square 128 x 128 tiles (never shifted, [`tiles_end_at_last_row`]) it
-    /// always sees part of the last one, and the bookkeeping cost 2-3% at hdim 128, 1k-2k
-    /// (docs/perf.md, v7).
+    /// tiles, hdim 256's 64- and 80-key blocks) does a warpgroup of a causal tile have
+    /// such blocks; with square 128 x 128 tiles (never shifted, [`tiles_end_at_last_row`])
+    /// it always sees part of the last one, and the bookkeeping cost 2-3% at hdim 128.
     pub const fn skips_masked_blocks(&self) -> bool {
         self.block_m() != self.block_n
     }
+
+    /// Whether Q is the register operand of QK^T ([`q_in_registers`]).
+    pub const fn q_in_registers(&self) -> bool {
+        q_in_registers(self.hdim)
+    }
+
+    /// The kernel's shared memory.
+    pub const fn smem(&self) -> SmemLayout {
+        SmemLayout::new(self)
+    }
 }
 
-/// Tile shape per head dim, with its longest key blocks. hdim 64 runs three consumer
-/// warpgroups (192 query rows: its softmax costs as much as its GEMMs, and a third
-/// warpgroup hides more of it, as in FA3); hdim 256 keeps FA3's 80-key tiles so that Q,
-/// two K and two V stages fit in 227 KB of shared memory (and 64-key tiles for up to
-/// [`SHORT_KEYS_HDIM256`] keys, [`key_block`]).
-pub const fn tile_config(hdim: u32) -> TileConfig {
-    tile_config_wgs(hdim, if hdim == 64 { 3 } else { 2 })
+/// Consumer warpgroups of the FA3 kernels at a head dim: three at hdim 64 (its softmax
+/// costs as much as its GEMMs, and a third warpgroup hides more of it, as in FA3), two
+/// otherwise.
+pub const fn consumer_wgs(hdim: u32) -> u32 {
+    if hdim == 64 { 3 } else { 2 }
 }
 
-/// Tile shape of a head dim with `consumer_wgs` consumer warpgroups and the head dim's
-/// longest key blocks (the kernels use [`tile_config`]'s warpgroups; others are for
-/// experiments).
-pub const fn tile_config_wgs(hdim: u32, consumer_wgs: u32) -> TileConfig {
-    TileConfig::new(hdim, consumer_wgs, if hdim == 256 { 80 } else { 128 })
+/// Query rows per CTA of the FA3 kernels at a head dim.
+pub const fn block_m(hdim: u32) -> u32 {
+    64 * consumer_wgs(hdim)
 }
 
 /// Up to this many keys, hdim 256 runs 64-key blocks instead of 80: 80 does not divide
 /// the usual lengths, so the last block is padded (512 keys take 7 blocks of 80 = 560,
-/// 1k takes 1040), and a causal diagonal is coarser. Beyond, 80's fewer blocks win: an
-/// A/B of the two (docs/perf.md item 73) had 64 ahead by 6.2% / 3.5% at 512 (non-causal /
-/// causal), 0.7% / 4.1% at 1k, level at 2k-4k, and 1.4% behind at 16k non-causal. A block
-/// costs about its keys plus 5 keys' worth of fixed work in that A/B, which puts the
-/// break-even near 4k.
+/// 1k takes 1040), and a causal diagonal is coarser. Beyond, 80's fewer blocks win: in
+/// an A/B of the two, 64 was ahead by 6.2% / 3.5% at 512 (non-causal / causal), 0.7% /
+/// 4.1% at 1k, level at 2k-4k, and 1.4% behind at 16k non-causal; a block costs about its
+/// keys plus 5 keys' worth of fixed work, which puts the break-even near 4k. (80 rather
+/// than 128 at hdim 256: Q, two K and two V stages must fit in 227 KB.)
 pub const SHORT_KEYS_HDIM256: u32 = 4096;
 
 /// Keys per K/V block of the FA3 kernel the planner picks for `seqlen_k` keys.
 pub const fn key_block(hdim: u32, seqlen_k: u32) -> u32 {
-    if hdim == 256 && seqlen_k <= SHORT_KEYS_HDIM256 { 64 } else { tile_config(hdim).block_n }
+    match hdim {
+        256 if seqlen_k <= SHORT_KEYS_HDIM256 => 64,
+        256 => 80,
+        _ => 128,
+    }
 }
 
-/// Tile shape of an FA3 kernel.
-pub const fn kernel_config(k: &KernelEntry) -> TileConfig {
-    TileConfig::new(k.hdim, k.consumer_wgs, k.block_n)
+/// The configuration of an FA3 kernel of the table (`None` for FA2 kernels).
+pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
+    match k.algo {
+        Algo::Fa3(techniques) => {
+            Some(KernelConfig { hdim: k.hdim, consumer_wgs: k.consumer_wgs, block_n: k.block_n, cluster: k.cluster, techniques })
+        }
+        Algo::Fa2 => None,
+    }
 }
 
-/// Threads per CTA of a kernel variant with `wgs` consumer warpgroups.
-pub const fn threads(t: Techniques, wgs: u32) -> u32 {
-    if t.warp_specialized { 128 * (wgs + 1) } else { 128 * wgs }
-}
-
-/// Byte offsets in dynamic shared memory (after rounding its base up to 1024 B).
+/// A buffer in dynamic shared memory: byte offset from the (1024 B aligned) base, size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SmemLayout {
-    pub q: u32,
-    pub k: u32,
-    pub v: u32,
-    /// Staging tile of O for the TMA store: its own buffer when it fits, so a tile's
-    /// epilogue overlaps the next tile's Q load; else Q's buffer (then Q is released
-    /// only once the store has read O).
-    pub o: u32,
-    /// Bytes of one K (or V) stage.
-    pub kv_stage_bytes: u32,
+pub struct SmemBuffer {
+    pub offset: u32,
+    pub bytes: u32,
+}
+
+/// A ring of `stages` equal slots and its mbarriers: `stages` "full" barriers, then
+/// `stages` "empty" ones, 8 bytes each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmemRing {
+    /// The first slot.
+    pub data: u32,
+    pub stage_bytes: u32,
+    pub stages: u32,
+    /// The first barrier.
     pub barriers: u32,
-    /// The tile handoff from the producer to the consumers: its barriers, then its slots.
-    pub tile_handoff: u32,
-    /// Bytes to request at launch (includes 1024 B of alignment slack).
-    pub total: u32,
 }
 
-impl SmemLayout {
-    /// Byte offset of handoff slot `stage` (after the handoff's barriers).
-    pub const fn tile_handoff_slot(&self, stage: u32) -> u32 {
-        self.tile_handoff + 16 * TILE_HANDOFF_STAGES + TILE_HANDOFF_SLOT_BYTES * stage
+impl SmemRing {
+    /// Byte offset of slot `stage`.
+    pub const fn slot(&self, stage: u32) -> u32 {
+        self.data + stage * self.stage_bytes
     }
 
-    pub const fn o_shares_q(&self) -> bool {
-        self.o == self.q
+    /// Bytes of its barriers.
+    pub const fn barrier_bytes(&self) -> u32 {
+        2 * MBARRIER_BYTES * self.stages
     }
 }
 
-/// Largest dynamic shared memory per CTA on sm_90 (227 KB).
-pub const MAX_SMEM: u32 = 227 * 1024;
-
-/// mbarriers: Q full/empty, then K full/empty and V full/empty per stage.
-pub const fn num_barriers(stages: u32) -> u32 {
-    2 + 4 * stages
-}
+/// Bytes of one mbarrier.
+pub const MBARRIER_BYTES: u32 = 8;
 
 /// Slots of the producer-to-consumer tile handoff: the producer may publish the next
 /// tile while the consumers still read the current one.
@@ -247,35 +279,68 @@ pub const TILE_HANDOFF_STAGES: u32 = 2;
 /// A handoff slot: a decoded tile (query block, head, batch, key blocks), moved with one
 /// 16-byte vector store and load.
 pub const TILE_HANDOFF_SLOT_BYTES: u32 = 16;
-/// Its full/empty barriers (8 B each), then its slots.
-pub const TILE_HANDOFF_BYTES: u32 = 16 * TILE_HANDOFF_STAGES + TILE_HANDOFF_SLOT_BYTES * TILE_HANDOFF_STAGES;
 
-pub const fn smem_layout(cfg: TileConfig) -> SmemLayout {
-    let q_bytes = cfg.block_m() * cfg.hdim * 2;
-    let kv_stage_bytes = cfg.block_n * cfg.hdim * 2;
-    let k = q_bytes;
-    let v = k + cfg.stages * kv_stage_bytes;
-    let kv_end = v + cfg.stages * kv_stage_bytes;
-    let tail = 8 * num_barriers(cfg.stages) + TILE_HANDOFF_BYTES + 1024;
-    let (o, barriers) = if kv_end + q_bytes + tail <= MAX_SMEM { (kv_end, kv_end + q_bytes) } else { (0, kv_end) };
-    let tile_handoff = barriers + 8 * num_barriers(cfg.stages);
-    SmemLayout { q: 0, k, v, o, kv_stage_bytes, barriers, tile_handoff, total: barriers + tail }
+/// Largest dynamic shared memory per CTA on sm_90 (227 KB).
+pub const MAX_SMEM: u32 = 227 * 1024;
+
+/// Alignment of every operand tile (the 128 B swizzle atom), and the slack requested at
+/// launch so that the kernel can round the dynamic base up to it.
+pub const SMEM_ALIGN: u32 = 1024;
+
+/// The dynamic shared memory of an FA3 kernel, after rounding its base up to
+/// [`SMEM_ALIGN`]: the operand tiles first (each 1024 B aligned), then the barriers and
+/// the tile handoff.
+///
+/// ```text
+/// | Q | K stage 0 .. | V stage 0 .. | O (if it fits) | Q bars | K bars | V bars | handoff bars | handoff slots |
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmemLayout {
+    /// Q of the current tile: a ring of one slot (`block_m x hdim`).
+    pub q: SmemRing,
+    /// K blocks (`block_n x hdim` each).
+    pub k: SmemRing,
+    /// V blocks, as K.
+    pub v: SmemRing,
+    /// Staging tile of O for the TMA store: its own buffer when it fits, so a tile's
+    /// epilogue overlaps the next tile's Q load; else Q's buffer (then Q is released
+    /// only once the store has read O).
+    pub o: SmemBuffer,
+    /// The tile handoff from the producer to the consumers.
+    pub tile_handoff: SmemRing,
+    /// Bytes to request at launch (includes [`SMEM_ALIGN`] of slack).
+    pub total: u32,
 }
 
-macro_rules! fa3_entries {
-    ($($name:literal => $hdim:literal, $dtype:ident, $tech:ident, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal;)*) => {
-        [$(KernelEntry {
-            name: $name,
-            algo: Algo::Fa3(Techniques::$tech),
-            hdim: $hdim,
-            dtype: DType::$dtype,
-            tma_param_bytes: TMA_PARAM_BYTES,
-            launch_bounds: threads(Techniques::$tech, $wgs),
-            cluster: $cluster,
-            consumer_wgs: $wgs,
-            block_n: $keys,
-        },)*]
-    };
+impl SmemLayout {
+    pub const fn new(cfg: &KernelConfig) -> SmemLayout {
+        let q_bytes = cfg.block_m() * cfg.hdim * 2;
+        let kv_stage_bytes = cfg.block_n * cfg.hdim * 2;
+        // Data first; the barriers' offsets are filled in once O's place is known.
+        let q = SmemRing { data: 0, stage_bytes: q_bytes, stages: 1, barriers: 0 };
+        let k = SmemRing { data: q_bytes, stage_bytes: kv_stage_bytes, stages: KV_STAGES, barriers: 0 };
+        let v = SmemRing { data: k.slot(KV_STAGES), ..k };
+        let kv_end = v.slot(KV_STAGES);
+        let handoff_bytes = TILE_HANDOFF_STAGES * (2 * MBARRIER_BYTES + TILE_HANDOFF_SLOT_BYTES);
+        let tail = q.barrier_bytes() + k.barrier_bytes() + v.barrier_bytes() + handoff_bytes + SMEM_ALIGN;
+        let (o, barriers) = if kv_end + q_bytes + tail <= MAX_SMEM { (kv_end, kv_end + q_bytes) } else { (0, kv_end) };
+        let q = SmemRing { barriers, ..q };
+        let k = SmemRing { barriers: q.barriers + q.barrier_bytes(), ..k };
+        let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
+        let handoff_barriers = v.barriers + v.barrier_bytes();
+        let tile_handoff = SmemRing {
+            data: handoff_barriers + 2 * MBARRIER_BYTES * TILE_HANDOFF_STAGES,
+            stage_bytes: TILE_HANDOFF_SLOT_BYTES,
+            stages: TILE_HANDOFF_STAGES,
+            barriers: handoff_barriers,
+        };
+        SmemLayout { q, k, v, o: SmemBuffer { offset: o, bytes: q_bytes }, tile_handoff, total: barriers + tail }
+    }
+
+    /// Whether O is staged in Q's buffer.
+    pub const fn o_shares_q(&self) -> bool {
+        self.o.offset == self.q.data
+    }
 }
 
 /// CTAs per cluster of the multicast kernels: two CTAs on neighbouring query blocks of
@@ -285,9 +350,8 @@ macro_rules! fa3_entries {
 pub const MULTICAST_CLUSTER: u32 = 2;
 
 /// From this many query rows and keys, the planner runs hdim 128 without a mask in
-/// multicast clusters. A/B against the persistent kernel, 3 rounds (docs/perf.md item
-/// 78): +1.8% at 4k, +2.3% at 8k and +0.4% at 16k (medians; every round at 4k and 16k,
-/// 2 of 3 at 8k), but -1.9% at 2k.
+/// multicast clusters: against the persistent kernel it measured +1.8% at 4k, +2.3% at
+/// 8k and +0.4% at 16k, but -1.9% at 2k.
 pub const MULTICAST_MIN_SEQLEN: u32 = 4096;
 
 /// Whether the planner's default picks multicast clusters (no causal mask, every
@@ -296,28 +360,57 @@ pub const fn multicast_pays(hdim: u32, seqlen_q: u32, seqlen_k: u32) -> bool {
     hdim == 128 && seqlen_q >= MULTICAST_MIN_SEQLEN && seqlen_k >= MULTICAST_MIN_SEQLEN
 }
 
-/// The FA3 kernels: every head dim and dtype with all techniques (hdim 256 with 80- and
-/// 64-key blocks, [`key_block`]), the 2-CTA multicast
-/// variants (hdim 128: at hdim 256 the consumers need all 240 registers, which leaves the
-/// multicast producer too few), hdim 128 without pingpong (both dtypes: the default
-/// without a mask until session 11),
-/// plus the other ablation variants at hdim 128 fp16.
-pub const KERNELS: [KernelEntry; 14] = fa3_entries! {
-    "fa3_fwd_hdim64_f16" => 64, F16, FULL, wgs 3, keys 128, cluster 1;
-    "fa3_fwd_hdim128_f16" => 128, F16, FULL, wgs 2, keys 128, cluster 1;
-    "fa3_fwd_hdim256_f16" => 256, F16, FULL, wgs 2, keys 80, cluster 1;
-    "fa3_fwd_hdim256_f16_n64" => 256, F16, FULL, wgs 2, keys 64, cluster 1;
-    "fa3_fwd_hdim64_bf16" => 64, BF16, FULL, wgs 3, keys 128, cluster 1;
-    "fa3_fwd_hdim128_bf16" => 128, BF16, FULL, wgs 2, keys 128, cluster 1;
-    "fa3_fwd_hdim256_bf16" => 256, BF16, FULL, wgs 2, keys 80, cluster 1;
-    "fa3_fwd_hdim256_bf16_n64" => 256, BF16, FULL, wgs 2, keys 64, cluster 1;
-    "fa3_fwd_hdim128_f16_multicast" => 128, F16, FULL, wgs 2, keys 128, cluster 2;
-    "fa3_fwd_hdim128_bf16_multicast" => 128, BF16, FULL, wgs 2, keys 128, cluster 2;
-    "fa3_fwd_hdim128_f16_nopingpong" => 128, F16, NO_PINGPONG, wgs 2, keys 128, cluster 1;
-    "fa3_fwd_hdim128_bf16_nopingpong" => 128, BF16, NO_PINGPONG, wgs 2, keys 128, cluster 1;
-    "fa3_fwd_hdim128_f16_nooverlap" => 128, F16, NO_OVERLAP, wgs 2, keys 128, cluster 1;
-    "fa3_fwd_hdim128_f16_nows" => 128, F16, NO_WARP_SPECIALIZATION, wgs 2, keys 128, cluster 1;
-};
+/// The FA3 kernel table, written once: it expands to `callback! { NAME => DTYPE, hdim D,
+/// wgs W, keys N, cluster C, TECHNIQUES; ... }`, from which this crate builds
+/// [`KERNELS`] (what the host launches) and the kernel crate its entry points (what the
+/// PTX exports). Every head dim and dtype with all techniques (hdim 256 with 80- and
+/// 64-key blocks, [`key_block`]); the 2-CTA multicast kernels (hdim 128: at hdim 256 the
+/// consumers need all 240 registers, which leaves the multicast producer too few);
+/// hdim 128 without pingpong in both dtypes, and the other ablation kernels at hdim 128
+/// fp16.
+#[macro_export]
+macro_rules! fa3_kernel_table {
+    ($callback:ident) => {
+        $callback! {
+            fa3_fwd_hdim64_f16 => F16, hdim 64, wgs 3, keys 128, cluster 1, FULL;
+            fa3_fwd_hdim128_f16 => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL;
+            fa3_fwd_hdim256_f16 => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL;
+            fa3_fwd_hdim256_f16_n64 => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL;
+            fa3_fwd_hdim64_bf16 => BF16, hdim 64, wgs 3, keys 128, cluster 1, FULL;
+            fa3_fwd_hdim128_bf16 => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL;
+            fa3_fwd_hdim256_bf16 => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL;
+            fa3_fwd_hdim256_bf16_n64 => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL;
+            fa3_fwd_hdim128_f16_multicast => F16, hdim 128, wgs 2, keys 128, cluster 2, FULL;
+            fa3_fwd_hdim128_bf16_multicast => BF16, hdim 128, wgs 2, keys 128, cluster 2, FULL;
+            fa3_fwd_hdim128_f16_nopingpong => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG;
+            fa3_fwd_hdim128_bf16_nopingpong => BF16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG;
+            fa3_fwd_hdim128_f16_nooverlap => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_OVERLAP;
+            fa3_fwd_hdim128_f16_nows => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_WARP_SPECIALIZATION;
+        }
+    };
+}
+
+macro_rules! fa3_entries {
+    ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident;)*) => {
+        &[$({
+            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech };
+            KernelEntry {
+                name: stringify!($name),
+                algo: Algo::Fa3(Techniques::$tech),
+                hdim: $hdim,
+                dtype: DType::$dtype,
+                tma_param_bytes: TMA_PARAM_BYTES,
+                launch_bounds: config.threads(),
+                cluster: $cluster,
+                consumer_wgs: $wgs,
+                block_n: $keys,
+            }
+        },)*]
+    };
+}
+
+/// The FA3 kernels ([`fa3_kernel_table`]).
+pub const KERNELS: &[KernelEntry] = fa3_kernel_table!(fa3_entries);
 
 #[cfg(test)]
 mod tests {
@@ -425,56 +518,108 @@ mod tests {
 
     #[test]
     fn shared_memory_fits_the_h100_for_every_kernel() {
-        for hdim in crate::HEAD_DIMS {
-            assert!(smem_layout(tile_config_wgs(hdim, 2)).total <= MAX_SMEM, "hdim {hdim}, 2 warpgroups");
-        }
         for k in KERNELS.iter() {
-            let (hdim, l) = (k.hdim, smem_layout(kernel_config(k)));
+            let cfg = kernel_config(k).unwrap();
+            let (hdim, l) = (k.hdim, cfg.smem());
             assert!(l.total <= MAX_SMEM, "{}: {} bytes", k.name, l.total);
             // hdim 64 and 128 stage O apart from Q; 256 has no room and reuses Q.
             assert_eq!(l.o_shares_q(), hdim == 256, "hdim {hdim}");
-            // Every handoff slot is 16-byte aligned (vector stores and loads).
-            for s in 0..TILE_HANDOFF_STAGES {
-                let slot = l.tile_handoff_slot(s);
-                assert_eq!(slot % 16, 0, "hdim {hdim}: handoff slot {s} at {slot}");
-                assert!(slot + TILE_HANDOFF_SLOT_BYTES <= l.total, "hdim {hdim}");
-            }
             // Every tile starts on a 1024 B swizzle-atom boundary.
-            for off in [l.q, l.k, l.v, l.o, l.k + l.kv_stage_bytes, l.v + l.kv_stage_bytes] {
-                assert_eq!(off % 1024, 0, "hdim {hdim}: tile at {off}");
+            let tiles = [l.q.slot(0), l.k.slot(0), l.k.slot(1), l.v.slot(0), l.v.slot(1), l.o.offset];
+            for off in tiles {
+                assert_eq!(off % SMEM_ALIGN, 0, "{}: tile at {off}", k.name);
             }
+            // The buffers do not overlap (O may alias Q only), and barriers and handoff
+            // slots lie after them, inside the allocation, 8- and 16-byte aligned.
+            let mut regions = std::vec![(l.q.data, l.q.stage_bytes), (l.k.data, 2 * l.k.stage_bytes), (l.v.data, 2 * l.v.stage_bytes)];
+            if !l.o_shares_q() {
+                regions.push((l.o.offset, l.o.bytes));
+            }
+            for ring in [l.q, l.k, l.v, l.tile_handoff] {
+                assert_eq!(ring.barriers % MBARRIER_BYTES, 0, "{}", k.name);
+                regions.push((ring.barriers, ring.barrier_bytes()));
+            }
+            regions.push((l.tile_handoff.data, TILE_HANDOFF_STAGES * TILE_HANDOFF_SLOT_BYTES));
+            assert_eq!(l.tile_handoff.data % 16, 0, "{}: handoff slots", k.name);
+            regions.sort();
+            for w in regions.windows(2) {
+                assert!(w[0].0 + w[0].1 <= w[1].0, "{}: regions {:?} and {:?} overlap", k.name, w[0], w[1]);
+            }
+            let (last, bytes) = regions[regions.len() - 1];
+            assert!(last + bytes + SMEM_ALIGN <= l.total, "{}: the alignment slack is missing", k.name);
+            assert_eq!(l.k.stages, KV_STAGES);
         }
     }
 
     #[test]
     fn register_split_fits_the_register_file() {
         for k in KERNELS.iter().filter(|k| k.algo == Algo::Fa3(Techniques::FULL)) {
-            let (hdim, cluster) = (k.hdim, k.cluster);
-            {
-                let c = kernel_config(k);
-                let (producer, consumer) = c.register_split(cluster);
-                let threads = threads(Techniques::FULL, c.consumer_wgs);
-                assert!(128 * (producer + c.consumer_wgs * consumer) <= 65536, "hdim {hdim}");
-                assert_eq!((producer % 8, consumer % 8), (0, 0));
-                // setmaxnreg moves registers within what the CTA got at launch (the
-                // `.maxntid` cap, rounded down to 8): the consumers' increase must fit in
-                // what the producer gives back, or `setmaxnreg.inc` would wait forever.
-                let at_launch = (65536 / threads) / 8 * 8;
-                assert!(producer <= at_launch && at_launch <= consumer, "hdim {hdim}");
-                assert!((at_launch - producer) * 128 >= (consumer - at_launch) * 128 * c.consumer_wgs, "hdim {hdim}");
-            }
+            let c = kernel_config(k).unwrap();
+            let (producer, consumer) = c.register_split();
+            let threads = c.threads();
+            assert!(128 * (producer + c.consumer_wgs * consumer) <= 65536, "{}", k.name);
+            assert_eq!((producer % 8, consumer % 8), (0, 0));
+            // setmaxnreg moves registers within what the CTA got at launch (the
+            // `.maxntid` cap, rounded down to 8): the consumers' increase must fit in
+            // what the producer gives back, or `setmaxnreg.inc` would wait forever.
+            let at_launch = (65536 / threads) / 8 * 8;
+            assert!(producer <= at_launch && at_launch <= consumer, "{}", k.name);
+            assert!((at_launch - producer) * 128 >= (consumer - at_launch) * 128 * c.consumer_wgs, "{}", k.name);
         }
     }
 
     #[test]
     fn tma_boxes_and_tiles_fit_hardware_limits() {
         for k in KERNELS {
-            let (hdim, c) = (k.hdim, kernel_config(&k));
+            let c = kernel_config(k).unwrap();
             // A TMA box dimension is at most 256 elements; WGMMA N is a multiple of 8 up to 256.
-            assert!(c.block_m() <= 256 && c.block_n <= 256 && c.block_n % 16 == 0, "hdim {hdim}");
-            // Named barriers: the epilogues take 1..=wgs and pingpong 4..4+wgs (the kernel
-            // asserts it at compile time), so at most three consumer warpgroups.
-            assert!(c.consumer_wgs <= 3, "hdim {hdim}");
+            assert!(c.block_m() <= 256 && c.block_n <= 256 && c.block_n % 16 == 0, "{}", k.name);
+            // The named barriers are laid out for at most this many consumer warpgroups.
+            assert!(c.consumer_wgs <= MAX_CONSUMER_WGS, "{}", k.name);
+            assert_eq!(k.launch_bounds, c.threads(), "{}", k.name);
+        }
+    }
+
+    /// The planner's kernel for every head dim and key count is in the table.
+    #[test]
+    fn the_table_has_the_planned_kernel_of_every_head_dim_and_key_count() {
+        for hdim in crate::HEAD_DIMS {
+            for seqlen_k in [1, 64, 4096, 4097, 16384] {
+                let (wgs, keys) = (consumer_wgs(hdim), key_block(hdim, seqlen_k));
+                assert!(
+                    KERNELS.iter().any(|k| k.hdim == hdim && k.consumer_wgs == wgs && k.block_n == keys && k.cluster == 1),
+                    "hdim {hdim} seqlen_k {seqlen_k}"
+                );
+            }
+        }
+        let mut names: std::vec::Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KERNELS.len(), "a kernel name twice");
+    }
+
+    /// Brute force: a block before the count has every key visible to every row from
+    /// `row0` on (the masked loop may skip it), and the block at the count, when it
+    /// exists below `seqlen_k`'s blocks, hides some key from some row (the count is tight).
+    #[test]
+    fn whole_key_blocks_are_exactly_the_blocks_no_row_needs_masked() {
+        for causal in [false, true] {
+            for (sq, sk) in [(1, 1), (5, 9), (9, 5), (17, 17), (40, 23), (23, 40), (130, 300), (300, 130)] {
+                let off = causal.then_some(sk - sq);
+                let sees = |r: i32, c: i32| c < sk && off.is_none_or(|o| c <= r + o);
+                for row0 in [-70, -8, -1, 0, 1, 7, 8, 63, 64, 100, 129] {
+                    for block_n in [1u32, 8, 16, 64, 80, 128] {
+                        let w = whole_key_blocks(sk, off, row0, block_n);
+                        let whole = |b: u32| {
+                            let keys = (b * block_n) as i32..((b + 1) * block_n) as i32;
+                            keys.clone().all(|c| (row0..row0 + 64).all(|r| sees(r, c)))
+                        };
+                        let ctx = format!("causal {causal} sq {sq} sk {sk} row0 {row0} block_n {block_n}");
+                        assert!((0..w).all(whole), "{ctx}: counts a block that needs a mask -> {w}");
+                        assert!(!whole(w), "{ctx}: not tight -> {w}");
+                    }
+                }
+            }
         }
     }
 }

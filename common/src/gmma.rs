@@ -62,6 +62,27 @@ pub const fn sw128_offset(rows: u32, row: u32, col: u32) -> u32 {
     chunk * rows * 128 + row * 128 + ((byte_in_row / 16) ^ (row % 8)) * 16 + byte_in_row % 16
 }
 
+/// Byte offset of row `row` (a multiple of 8: the start of a swizzle atom, where the
+/// swizzle is the identity) of 64-column chunk `chunk`, in a tile of `rows` rows laid out
+/// as for [`sw128_offset`].
+#[inline(always)]
+pub const fn sw128_rows(rows: u32, chunk: u32, row: u32) -> u32 {
+    chunk * rows * 128 + row * 128
+}
+
+/// Byte offset of k16 step `kk` (16 elements along K) in a K-major tile of `rows` rows:
+/// +32 B inside a 128 B chunk, the next chunk after four steps.
+#[inline(always)]
+pub const fn k_major_k_step(rows: u32, kk: u32) -> u32 {
+    (kk / 4) * rows * 128 + (kk % 4) * 32
+}
+
+/// Byte offset of k16 step `kk` in an MN-major tile: 16 rows of 128 B.
+#[inline(always)]
+pub const fn mn_major_k_step(kk: u32) -> u32 {
+    kk * 16 * 128
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +133,24 @@ mod tests {
                 seen[((o % 128) / 2) as usize] = true;
             }
             assert!(seen.iter().all(|&s| s));
+        }
+    }
+
+    /// The step and row helpers are `sw128_offset` at the points where they are used.
+    #[test]
+    fn step_and_row_offsets_agree_with_the_swizzled_layout() {
+        for rows in [64, 80, 128, 192] {
+            for kk in 0..16 {
+                assert_eq!(k_major_k_step(rows, kk), sw128_offset(rows, 0, 16 * kk), "rows {rows} kk {kk}");
+            }
+            for chunk in 0..4 {
+                for row in (0..rows).step_by(8) {
+                    assert_eq!(sw128_rows(rows, chunk, row), sw128_offset(rows, row, 64 * chunk), "rows {rows} chunk {chunk} row {row}");
+                }
+            }
+        }
+        for kk in 0..8 {
+            assert_eq!(mn_major_k_step(kk), sw128_offset(128, 16 * kk, 0));
         }
     }
 }

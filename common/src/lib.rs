@@ -60,32 +60,51 @@ pub struct KernelEntry {
     pub block_n: u32,
 }
 
-macro_rules! fa2_entries {
-    ($($name:literal => $hdim:literal, $dtype:ident;)*) => {
-        [$(KernelEntry { name: $name, algo: Algo::Fa2, hdim: $hdim, dtype: DType::$dtype, tma_param_bytes: 0, launch_bounds: 0, cluster: 1, consumer_wgs: 0, block_n: 0 },)*]
+/// The FA2 kernel table, written once (as [`fa3_kernel_table`]): it expands to
+/// `callback! { NAME => DTYPE, hdim D; ... }`.
+#[macro_export]
+macro_rules! fa2_kernel_table {
+    ($callback:ident) => {
+        $callback! {
+            fa2_fwd_hdim64_f16 => F16, hdim 64;
+            fa2_fwd_hdim128_f16 => F16, hdim 128;
+            fa2_fwd_hdim256_f16 => F16, hdim 256;
+            fa2_fwd_hdim64_bf16 => BF16, hdim 64;
+            fa2_fwd_hdim128_bf16 => BF16, hdim 128;
+            fa2_fwd_hdim256_bf16 => BF16, hdim 256;
+        }
     };
 }
 
-const FA2_KERNELS: [KernelEntry; 6] = fa2_entries! {
-    "fa2_fwd_hdim64_f16" => 64, F16;
-    "fa2_fwd_hdim128_f16" => 128, F16;
-    "fa2_fwd_hdim256_f16" => 256, F16;
-    "fa2_fwd_hdim64_bf16" => 64, BF16;
-    "fa2_fwd_hdim128_bf16" => 128, BF16;
-    "fa2_fwd_hdim256_bf16" => 256, BF16;
-};
+macro_rules! fa2_entries {
+    ($($name:ident => $dtype:ident, hdim $hdim:literal;)*) => {
+        &[$(KernelEntry {
+            name: stringify!($name),
+            algo: Algo::Fa2,
+            hdim: $hdim,
+            dtype: DType::$dtype,
+            tma_param_bytes: 0,
+            launch_bounds: 0,
+            cluster: 1,
+            consumer_wgs: 0,
+            block_n: 0,
+        },)*]
+    };
+}
 
-/// Every kernel the PTX module exports. The kernel crate defines exactly these
-/// (the PTX builder checks both directions).
-pub const KERNELS: [KernelEntry; 6 + fa3::KERNELS.len()] = {
-    let mut all = [FA2_KERNELS[0]; 6 + fa3::KERNELS.len()];
+const FA2_KERNELS: &[KernelEntry] = fa2_kernel_table!(fa2_entries);
+
+/// Every kernel the PTX module exports: the FA2 and FA3 tables. The kernel crate's entry
+/// points are generated from the same tables (the PTX builder checks both directions).
+pub const KERNELS: [KernelEntry; FA2_KERNELS.len() + fa3::KERNELS.len()] = {
+    let mut all = [FA2_KERNELS[0]; FA2_KERNELS.len() + fa3::KERNELS.len()];
     let mut i = 0;
-    while i < 6 {
+    while i < FA2_KERNELS.len() {
         all[i] = FA2_KERNELS[i];
         i += 1;
     }
     while i < all.len() {
-        all[i] = fa3::KERNELS[i - 6];
+        all[i] = fa3::KERNELS[i - FA2_KERNELS.len()];
         i += 1;
     }
     all
@@ -96,7 +115,7 @@ pub const KERNELS: [KernelEntry; 6 + fa3::KERNELS.len()] = {
 pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: u32) -> Option<&'static KernelEntry> {
     let (wgs, block_n) = match algo {
         Algo::Fa2 => (0, 0),
-        Algo::Fa3(_) => (fa3::tile_config(hdim).consumer_wgs, fa3::key_block(hdim, seqlen_k)),
+        Algo::Fa3(_) => (fa3::consumer_wgs(hdim), fa3::key_block(hdim, seqlen_k)),
     };
     KERNELS.iter().find(|k| {
         k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster && k.consumer_wgs == wgs && k.block_n == block_n
@@ -156,19 +175,10 @@ pub struct FwdParams {
     /// slow index, so the heaviest blocks of all its heads come first.
     pub section_log2: u32,
     /// The counter's value when the launch starts: it is never reset, each launch moves
-    /// it on by exactly its number of tiles ([`dynamic_claims`]), so that launches on one
-    /// stream can share it without a memset between them.
+    /// it on by exactly its number of tiles (every tile past the first `ctas` is one
+    /// claim, and every CTA that ran a tile makes one failing claim), so that launches on
+    /// one stream can share it without a memset between them.
     pub tile_counter_base: u32,
-}
-
-/// Counter increments of a dynamic-schedule launch of `tiles` tiles on `ctas` CTAs: CTA
-/// `c` starts with tile `c`; after each tile it takes the counter's value `v` (and adds 1
-/// to it) and moves to tile [`claimed_tile`]`(v, `[`claim_stride`]`(ctas, base))`,
-/// stopping at the first tile `>= tiles`. Every tile past the first `ctas` is one claim,
-/// and every CTA that ran a tile makes one failing claim:
-/// `tiles - min(ctas, tiles) + min(ctas, tiles)`.
-pub const fn dynamic_claims(tiles: u32) -> u32 {
-    tiles
 }
 
 /// What the kernels add to a claimed counter value to get a tile: the launch's claims are

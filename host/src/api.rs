@@ -69,7 +69,7 @@ pub fn flash_attn_func_into(
     opts: &AttnOptions,
 ) -> Result<()> {
     if !Arc::ptr_eq(stream.context(), gpu.context()) {
-        return Err(AttnError::ShapeMismatch("the stream belongs to another GPU context".into()));
+        return Err(AttnError::ForeignStream);
     }
     let (q_ptr, _q_sync) = q.slice.device_ptr(stream);
     let (k_ptr, _k_sync) = k.slice.device_ptr(stream);

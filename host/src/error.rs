@@ -65,6 +65,9 @@ pub enum AttnError {
     Unsupported(String),
     /// Host data does not match a declared shape.
     HostData(String),
+    /// The stream was made by another CUDA context handle than the `Gpu`'s (make it
+    /// with `Gpu::new_stream`).
+    ForeignStream,
 }
 
 impl fmt::Display for AttnError {
@@ -81,6 +84,7 @@ impl fmt::Display for AttnError {
             Driver(e) => write!(f, "CUDA driver error: {e}"),
             EmptyDim { arg, shape } => write!(f, "{arg} has an empty dimension: shape {shape:?}"),
             ShapeMismatch(m) => write!(f, "shape mismatch: {m}"),
+            ForeignStream => write!(f, "stream: it belongs to another CUDA context than the Gpu handle (make it with Gpu::new_stream)"),
             UnsupportedHeadDim { hdim, supported } => {
                 write!(f, "head dim {hdim} is not supported (supported: {supported:?})")
             }

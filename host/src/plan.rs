@@ -14,8 +14,8 @@ pub struct AttnOptions {
     /// Causal mask aligned to the bottom-right corner of the score matrix (query `i`
     /// sees keys `j <= i + seqlen_k - seqlen_q`), as FlashAttention 2.1+.
     pub causal: bool,
-    /// Kernel family; `None` picks the fastest available: FlashAttention-3 with the head
-    /// dim's default techniques (`common::fa3::default_techniques`: every technique).
+    /// Kernel family; `None` picks the fastest available: FlashAttention-3 with every
+    /// technique.
     /// `Algo::Fa3(Techniques::NO_PINGPONG)` etc. leave one out.
     pub algo: Option<Algo>,
     /// How FA3 tiles are spread over the GPU.
@@ -99,7 +99,7 @@ pub struct FwdPlan {
 pub fn smem_bytes(k: &KernelEntry) -> u32 {
     match k.algo {
         Algo::Fa2 => fa2::smem_bytes(k.hdim),
-        Algo::Fa3(_) => fa3::smem_layout(fa3::kernel_config(k)).total,
+        Algo::Fa3(_) => fa3::kernel_config(k).map_or(0, |c| c.smem().total),
     }
 }
 
@@ -107,7 +107,7 @@ pub fn smem_bytes(k: &KernelEntry) -> u32 {
 pub fn block_threads(k: &KernelEntry) -> u32 {
     match k.algo {
         Algo::Fa2 => fa2::THREADS,
-        Algo::Fa3(t) => fa3::threads(t, k.consumer_wgs),
+        Algo::Fa3(_) => fa3::kernel_config(k).map_or(0, |c| c.threads()),
     }
 }
 
@@ -240,15 +240,14 @@ pub fn plan_forward(
     // The schedule depends only on whether the kernel is warp-specialized and has every
     // technique (multicast), which every default is (whatever the cluster).
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
-    let tile_rows = fa3::tile_config(hdim as u32).block_m() as usize;
+    let tile_rows = fa3::block_m(hdim as u32) as usize;
     let schedule = match (opts.schedule, algo) {
         // Without a mask every tile costs the same unless the last query block is short;
         // then the static order, whose stride (the SM count) is often a multiple of
         // the blocks per head, hands every short tile to the same few CTAs (hdim 64 at
-        // 1k: 6 blocks of 192 rows, 132 SMs): the counter balances them (+5% there,
-        // docs/perf.md item 52).
+        // 1k: 6 blocks of 192 rows, 132 SMs): the counter balances them (+5% there).
         // Long hdim 128 calls without a mask: pairs of CTAs share each K/V tile over a
-        // cluster, half the L2 reads (docs/perf.md item 78).
+        // cluster, half the L2 reads.
         (Schedule::Auto, Algo::Fa3(t))
             if !opts.causal && t == Techniques::FULL && fa3::multicast_pays(hdim as u32, seqlen_q as u32, seqlen_k as u32) =>
         {
@@ -270,7 +269,6 @@ pub fn plan_forward(
         (s, _) => s,
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
-    let algo = opts.algo.unwrap_or(Algo::Fa3(fa3::default_techniques(hdim as u32, cluster, opts.causal)));
     let kernel = common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32)
         .ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let mut params = FwdParams {
@@ -299,7 +297,8 @@ pub fn plan_forward(
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), None),
         Algo::Fa3(_) => {
-            let block_m = fa3::kernel_config(kernel).block_m();
+            let cfg = fa3::kernel_config(kernel).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
+            let block_m = cfg.block_m();
             let cluster = cluster as usize;
             // Units of work: one query block, or in a cluster one block per CTA.
             let units = seqlen_q.div_ceil(block_m as usize).div_ceil(cluster) * heads_q * batch;
@@ -311,7 +310,9 @@ pub fn plan_forward(
                 Schedule::TilePerCta => ((units as u32, 1, 1), None),
                 // Dynamic only pays off with more tiles than CTAs.
                 Schedule::PersistentDynamic => {
-                    ((persistent as u32, 1, 1), (units > persistent).then(|| common::dynamic_claims(units as u32)))
+                    // Every tile past the first `persistent` is one claim, and every CTA
+                    // makes one failing claim: the counter moves on by `units`.
+                    ((persistent as u32, 1, 1), (units > persistent).then_some(units as u32))
                 }
                 _ => ((persistent as u32, 1, 1), None),
             }
@@ -323,7 +324,7 @@ pub fn plan_forward(
     let tma = match algo {
         Algo::Fa2 => None,
         Algo::Fa3(_) => {
-            let cfg = fa3::kernel_config(kernel);
+            let cfg = fa3::kernel_config(kernel).ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
             let chunks = hdim as u32 / 64;
             let map = |arg, t: &TensorDesc, rows, chunks| TensorMapSpec::bshd(arg, t.dtype, t.addr, &t.layout, rows, chunks);
             // Multicast: each CTA of a cluster loads 1/cluster of a K/V tile's rows, one

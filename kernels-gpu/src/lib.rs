@@ -5,7 +5,8 @@
 //! - [`fa2`]: the FlashAttention-2 forward on `mma.sync`;
 //! - [`fa3`]: the FlashAttention-3 forward on TMA, mbarriers, WGMMA and `setmaxnreg`.
 //!
-//! The exported entry points are listed in `common::KERNELS`.
+//! The exported entry points are generated from the kernel tables in `common`
+//! (`fa2_kernel_table!`, `fa3_kernel_table!`), which also make the host's `common::KERNELS`.
 #![no_std]
 #![feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
 #![allow(internal_features)]
@@ -17,9 +18,7 @@ pub mod fa3;
 pub mod ptx;
 pub mod softmax;
 
-use common::fa3::TileConfig;
 use common::{FwdParams, TmaDescriptors};
-use element::{BF16, F16};
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
@@ -28,67 +27,48 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     unsafe { core::arch::asm!("trap;", options(noreturn)) }
 }
 
-macro_rules! fa2_entry {
-    ($name:ident, $elem:ty, $d:literal) => {
+/// The FA2 entry points, from `common::fa2_kernel_table`.
+macro_rules! fa2_entries {
+    ($($name:ident => $dtype:ident, hdim $d:literal;)*) => {$(
         /// FlashAttention-2 forward; grid `(ceil(seqlen_q / 64), heads_q, batch)`, 128 threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
-            unsafe { fa2::fwd::<$elem, $d, { $d / 8 }, { $d / 16 }>(p) }
+            unsafe { fa2::fwd::<element::$dtype, $d, { $d / 8 }, { $d / 16 }>(p) }
         }
-    };
+    )*};
 }
 
-fa2_entry!(fa2_fwd_hdim64_f16, F16, 64);
-fa2_entry!(fa2_fwd_hdim128_f16, F16, 128);
-fa2_entry!(fa2_fwd_hdim256_f16, F16, 256);
-fa2_entry!(fa2_fwd_hdim64_bf16, BF16, 64);
-fa2_entry!(fa2_fwd_hdim128_bf16, BF16, 128);
-fa2_entry!(fa2_fwd_hdim256_bf16, BF16, 256);
+common::fa2_kernel_table!(fa2_entries);
 
-macro_rules! fa3_entry {
-    ($name:ident, $elem:ty, $d:literal, wgs: $wgs:literal, keys: $keys:literal, cluster: $cluster:literal, ws: $ws:literal, pingpong: $pp:literal, overlap: $ov:literal) => {
+/// The FA3 entry points, from `common::fa3_kernel_table`: each gets its traits type.
+macro_rules! fa3_entries {
+    ($($name:ident => $dtype:ident, hdim $d:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident;)*) => {$(
         /// FlashAttention-3 forward; grid: one CTA per tile or per SM (see the host's
         /// `Schedule`), `128 * (consumer warpgroups + 1)` threads (without warp
         /// specialization, no producer warpgroup). The TMA descriptors are read through the
         /// parameter's address, never copied.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(_tma: TmaDescriptors, p: FwdParams) {
-            let tma = kernel_param0_address!($name);
-            const CFG: TileConfig = TileConfig::new($d, $wgs, $keys);
-            const PINGPONG: bool = $pp && CFG.pingpong;
-            unsafe {
-                fa3::fwd::<
-                    $elem,
-                    $d,
-                    { CFG.block_m() },
-                    { CFG.block_n },
-                    { CFG.stages },
-                    { CFG.register_split($cluster).0 },
-                    { CFG.register_split($cluster).1 },
-                    { CFG.block_n as usize / 8 },
-                    { $d / 8 },
-                    { CFG.block_n as usize / 16 },
-                    $cluster,
-                    $ws,
-                    PINGPONG,
-                    $ov,
-                >(tma, p)
+            #[derive(Clone, Copy)]
+            struct Traits;
+            impl fa3::KernelTraits for Traits {
+                type Element = element::$dtype;
+                type Scores = [softmax::Frag; $keys / 8];
+                type Out = [softmax::Frag; $d / 8];
+                type Mask = fa3::mask::CausalMask;
+                type ScoreMod = fa3::mask::NoScoreMod;
+                const CONFIG: common::fa3::KernelConfig = common::fa3::KernelConfig {
+                    hdim: $d,
+                    consumer_wgs: $wgs,
+                    block_n: $keys,
+                    cluster: $cluster,
+                    techniques: common::fa3::Techniques::$tech,
+                };
             }
+            let tma = kernel_param0_address!($name);
+            unsafe { fa3::fwd::<Traits>(tma, p) }
         }
-    };
+    )*};
 }
 
-fa3_entry!(fa3_fwd_hdim64_f16, F16, 64, wgs: 3, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16, F16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim256_f16, F16, 256, wgs: 2, keys: 80, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim256_f16_n64, F16, 256, wgs: 2, keys: 64, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim64_bf16, BF16, 64, wgs: 3, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_bf16, BF16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim256_bf16, BF16, 256, wgs: 2, keys: 80, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim256_bf16_n64, BF16, 256, wgs: 2, keys: 64, cluster: 1, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16_multicast, F16, 128, wgs: 2, keys: 128, cluster: 2, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_bf16_multicast, BF16, 128, wgs: 2, keys: 128, cluster: 2, ws: true, pingpong: true, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16_nopingpong, F16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: false, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_bf16_nopingpong, BF16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: false, overlap: true);
-fa3_entry!(fa3_fwd_hdim128_f16_nooverlap, F16, 128, wgs: 2, keys: 128, cluster: 1, ws: true, pingpong: true, overlap: false);
-fa3_entry!(fa3_fwd_hdim128_f16_nows, F16, 128, wgs: 2, keys: 128, cluster: 1, ws: false, pingpong: true, overlap: true);
+common::fa3_kernel_table!(fa3_entries);

@@ -157,3 +157,19 @@ pub fn apply_mask<const NT: usize>(
         }
     }
 }
+
+/// Sets to `-inf` the scores of keys `col >= limits[r]` in row `r` (g, g + 8) of this
+/// lane: [`apply_mask`] with each row's limit computed once.
+///
+/// `col_2t`: global key index of column `2t` of n-tile 0.
+#[inline(always)]
+pub fn mask_columns<const NT: usize>(s: &mut [Frag; NT], col_2t: i32, limits: [i32; 2]) {
+    for j in 0..NT {
+        for e in 0..4 {
+            let col = col_2t + 8 * j as i32 + (e as i32 % 2);
+            if col >= limits[e / 2] {
+                s[j][e] = f32::NEG_INFINITY;
+            }
+        }
+    }
+}

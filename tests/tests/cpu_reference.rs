@@ -245,7 +245,7 @@ fn lazy_rescaling_is_exact_when_the_max_keeps_climbing() {
 }
 
 /// Lazy rescaling must not cost accuracy once P is rounded to f16/bf16 as the kernels
-/// round it, on the FA3 kernels' own tiles (`tile_config`: 192 x 128 at hdim 64,
+/// round it, on the FA3 kernels' own tiles (`common::fa3::block_m`: 192 x 128 at hdim 64,
 /// 128 x 128 at 128, 128 x 80 at 256): over fixed seeds, the error ratio against the
 /// naive low-precision implementation stays within 15% of eager rescaling's on average,
 /// and under the GPU tests' 2x rule at worst. Measured here, lazy vs eager mean: threshold
@@ -266,7 +266,7 @@ fn lazy_rescaling_keeps_the_low_precision_error_of_eager_rescaling() {
             let exact = attention_f64(&p);
             let naive = max_abs_err(&attention_lowp(&p, dtype).o, &exact.o);
             // The tiles of the kernel the planner launches (hdim 256's key block depends on sk).
-            let block_m = common::fa3::tile_config(d as u32).block_m() as usize;
+            let block_m = common::fa3::block_m(d as u32) as usize;
             let block_n = common::fa3::key_block(d as u32, sk as u32) as usize;
             for (lazy_rescale, errs) in [(false, &mut eager), (true, &mut lazy)] {
                 let tiling = Tiling { block_m, block_n, lazy_rescale };

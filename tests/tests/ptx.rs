@@ -63,7 +63,7 @@ fn fa3_kernels_use_hopper_instructions() -> Result<(), Failed> {
             needed.extend(["setmaxnreg.dec", "setmaxnreg.inc"]);
         }
         // Pingpong's named-barrier turns.
-        if t.pingpong && common::fa3::kernel_config(k).pingpong {
+        if t.pingpong {
             needed.push("bar.arrive");
         }
         // Cluster kernels: multicast copies, remote releases, cluster barriers and shape.

@@ -467,9 +467,9 @@ fn hdim_256_picks_its_key_block_by_the_key_count() {
 
 /// The kernel's dynamic schedule, run on the CPU with CTAs interleaved in a random
 /// order: from any base (wrapping included), every tile is computed exactly once and the
-/// counter moves on by exactly `dynamic_claims(tiles)`, which the host adds to the next
-/// launch's base on the stream (a wrong count would make the next launch skip or repeat
-/// tiles).
+/// counter moves on by exactly the tile count, which the host adds to the next launch's
+/// base on the stream (`FwdPlan::tile_counter`; a wrong count would make the next launch
+/// skip or repeat tiles).
 #[test]
 fn dynamic_schedule_moves_the_counter_by_its_claims_and_covers_every_tile_once() {
     // The kernels' own arithmetic (`common::claim_stride`, `common::claimed_tile`): a
@@ -503,7 +503,7 @@ fn dynamic_schedule_moves_the_counter_by_its_claims_and_covers_every_tile_once()
                     current[c] = Some(common::claimed_tile(claim, stride));
                 }
                 assert!(seen.iter().all(|&n| n == 1), "base {base} ctas {ctas} tiles {tiles}: {seen:?}");
-                assert_eq!(counter.wrapping_sub(base), common::dynamic_claims(tiles), "base {base} ctas {ctas} tiles {tiles}");
+                assert_eq!(counter.wrapping_sub(base), tiles, "base {base} ctas {ctas} tiles {tiles}");
             }
         }
     }

@@ -2,33 +2,32 @@
 //! sequence end are clipped by the tensor map's bounds; the rows >= 0 of a warpgroup
 //! that starts before row 0, in a causal first tile, go out from registers), and the
 //! LSE.
+use super::barriers::NamedBarrier;
 use super::scheduler::Tile;
+use super::traits::{FragTile, KernelTraits};
 use crate::element::Element;
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::tma::{self, TensorMap};
-use crate::ptx::{barrier, fence, global};
-use crate::softmax::{Frag, OnlineSoftmax};
+use crate::ptx::{fence, global};
+use crate::softmax::OnlineSoftmax;
 use common::FwdParams;
-use common::gmma::sw128_offset;
-
-/// Named barrier ids 1..=3: the consumer warpgroups' epilogues.
-pub const EPILOGUE_BARRIER: u32 = 1;
+use common::gmma::{sw128_offset, sw128_rows};
 
 /// Writes one consumer warpgroup's 64 rows of O and LSE.
 ///
-/// `o_smem`: the staging tile (`BLOCK_M` rows, `D/64` chunks of `BLOCK_M x 128 B`, laid
+/// `o_smem`: the staging tile (`BLOCK_M` rows, `HDIM/64` chunks of `BLOCK_M x 128 B`, laid
 /// out like Q; each warpgroup writes only its own rows). When it is Q's own buffer,
 /// `q_empty` is released here once the store has read it, so the next Q cannot land
 /// on O early.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
+pub fn store<K: KernelTraits>(
     p: &FwdParams,
     tile: &Tile,
     tma_o: TensorMap,
     o_smem: SmemAddr,
-    o: &[Frag; ON],
+    o: &K::Out,
     softmax: &OnlineSoftmax,
     wg: u32,
     thread_in_wg: u32,
@@ -39,28 +38,30 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     if thread_in_wg == 0 {
         tma::store_wait_read::<0>();
     }
-    barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
+    NamedBarrier::Epilogue.sync(wg, 128);
     let warp = thread_in_wg / 32;
     let lane = thread_in_wg % 32;
     let (g, t) = (lane / 4, lane % 4);
     // stmatrix x4 per two n-tiles: matrices (rows 0-7, n-tile j), (rows 8-15, j),
     // (rows 0-7, j + 1), (rows 8-15, j + 1) of this warp's 16 rows; this lane addresses
     // row `lane % 8` of matrix `lane / 8`.
-    const { assert!(ON % 2 == 0) };
+    // Fragments of O: 8 columns each.
+    const { assert!(K::HDIM % 16 == 0) };
+    let frags = (K::HDIM / 8) as usize;
     let m = lane / 8;
     let row = wg * 64 + warp * 16 + (m % 2) * 8 + lane % 8;
     // n-tile j, row g + 8r: normalised and rounded to the output type.
-    let packed = |j: usize, r: usize| E::pack2(o[j][2 * r] * inv[r], o[j][2 * r + 1] * inv[r]);
-    for j in (0..ON).step_by(2) {
+    let packed = |j: usize, r: usize| K::Element::pack2(o.frag(j)[2 * r] * inv[r], o.frag(j)[2 * r + 1] * inv[r]);
+    for j in (0..frags).step_by(2) {
         let col = 8 * (j as u32 + m / 2);
         let r = [packed(j, 0), packed(j, 1), packed(j + 1, 0), packed(j + 1, 1)];
         // SAFETY: 16 B rows inside this warpgroup's rows of the staging tile; 16 B aligned
         // (a whole swizzle unit).
-        unsafe { smem::stmatrix_x4(o_smem.add(sw128_offset(BLOCK_M, row, col)), r) };
+        unsafe { smem::stmatrix_x4(o_smem.add(sw128_offset(K::BLOCK_M, row, col)), r) };
     }
     // The TMA store reads through the async proxy.
     fence::proxy_async_shared();
-    barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
+    NamedBarrier::Epilogue.sync(wg, 128);
     // Rows past `seqlen_q` are clipped by the TMA store, and skipped for the LSE.
     let row0 = tile.row0 + (wg * 64) as i32;
     // This thread's row `g + 8r` of its warp's 16, if it exists.
@@ -70,8 +71,8 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
     };
     if row0 >= 0 {
         if thread_in_wg == 0 {
-            for chunk in 0..D / 64 {
-                let src = o_smem.add(chunk * BLOCK_M * 128 + wg * 64 * 128);
+            for chunk in 0..K::CHUNKS {
+                let src = o_smem.add(sw128_rows(K::BLOCK_M, chunk, wg * 64));
                 // SAFETY: 64 rows x 128 B written above and fenced.
                 unsafe { tma_o.store_5d(src, [0, row0, chunk as i32, tile.head as i32, tile.batch as i32]) };
             }
@@ -86,7 +87,7 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
         for r in 0..2 {
             if let Some(row) = thread_row(r as u32) {
                 let row_base = head_base + 2 * row as u64 * p.o_strides.row;
-                for j in 0..ON {
+                for j in 0..frags {
                     // SAFETY: inside the host-checked O tensor; 4 B aligned (even column,
                     // strides that the TMA store already needs to be multiples of 16 B).
                     unsafe { global::st_u32(row_base + 2 * (8 * j as u64 + 2 * t as u64), packed(j, r)) };
@@ -107,7 +108,7 @@ pub fn store<E: Element, const D: u32, const BLOCK_M: u32, const ON: usize>(
         if thread_in_wg == 0 {
             tma::store_wait_read::<0>();
         }
-        barrier::named_sync(EPILOGUE_BARRIER + wg, 128);
+        NamedBarrier::Epilogue.sync(wg, 128);
         q_empty.arrive();
     }
 }

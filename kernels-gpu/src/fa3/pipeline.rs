@@ -3,6 +3,7 @@
 //! transaction bytes) and an "empty" one (every consumer thread's release).
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::SmemAddr;
+use common::fa3::{MBARRIER_BYTES, SmemRing};
 
 /// Position in the ring: the stage, and the parity of the phase to wait for there.
 #[derive(Clone, Copy)]
@@ -81,14 +82,21 @@ pub struct TmaPipeline<const STAGES: u32> {
 }
 
 impl<const STAGES: u32> TmaPipeline<STAGES> {
+    /// The ring `ring` of the shared-memory layout, from the dynamic base `base`.
+    #[inline(always)]
+    pub fn at(base: SmemAddr, ring: SmemRing, peer: Option<u32>) -> Self {
+        debug_assert!(ring.stages == STAGES);
+        TmaPipeline { data: base.add(ring.data), stage_bytes: ring.stage_bytes, barriers: base.add(ring.barriers), peer }
+    }
+
     #[inline(always)]
     pub fn full(&self, stage: u32) -> Mbarrier {
-        Mbarrier(self.barriers.add(8 * stage))
+        Mbarrier(self.barriers.add(MBARRIER_BYTES * stage))
     }
 
     #[inline(always)]
     pub fn empty(&self, stage: u32) -> Mbarrier {
-        Mbarrier(self.barriers.add(8 * (STAGES + stage)))
+        Mbarrier(self.barriers.add(MBARRIER_BYTES * (STAGES + stage)))
     }
 
     #[inline(always)]

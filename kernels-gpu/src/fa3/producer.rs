@@ -5,20 +5,24 @@
 //! as slots free up, while the consumers still finish the current one.
 use super::pipeline::{PipelineState, TmaPipeline};
 use super::scheduler::Tile;
-use crate::ptx::compiler::opaque_u64;
+use super::storage::{SharedStorage, TensorMaps};
+use super::traits::KernelTraits;
 use crate::ptx::tma::TensorMap;
+use common::fa3::{KV_STAGES, TensorMapSlot};
+use common::gmma::sw128_rows;
+use core::marker::PhantomData;
 
 #[derive(Clone, Copy)]
-pub struct Loader<const STAGES: u32, const BLOCK_N: u32> {
-    /// The descriptor block: maps of q, k, v (and o), 128 B apart.
-    pub tma: u64,
+pub struct Loader<K: KernelTraits> {
+    /// The descriptor block: maps of q, k, v (and o).
+    pub maps: TensorMaps,
     /// One slot: Q of the current tile.
     pub q: TmaPipeline<1>,
-    pub k: TmaPipeline<STAGES>,
-    pub v: TmaPipeline<STAGES>,
+    pub k: TmaPipeline<KV_STAGES>,
+    pub v: TmaPipeline<KV_STAGES>,
     pub q_state: PipelineState<1>,
-    pub k_state: PipelineState<STAGES>,
-    pub v_state: PipelineState<STAGES>,
+    pub k_state: PipelineState<KV_STAGES>,
+    pub v_state: PipelineState<KV_STAGES>,
     /// The one thread that arms barriers and issues copies; the others calling the
     /// loader (a whole warpgroup without warp specialization) only wait along.
     pub leader: bool,
@@ -26,23 +30,38 @@ pub struct Loader<const STAGES: u32, const BLOCK_N: u32> {
     /// multicasts them to both CTAs (the K/V maps' boxes are then `BLOCK_N / 2` rows of
     /// one 64-column chunk). `None`: whole tiles, this CTA only.
     pub multicast_rank: Option<u32>,
-    /// 64-column chunks of the head dim.
-    pub chunks: u32,
+    pub kernel: PhantomData<K>,
 }
 
-impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
-    /// Map `i` (0: q, 1: k, 2: v), its address derived at each use: the producer thread
-    /// runs on 24 registers and cannot hold three 64-bit addresses for the whole kernel.
+impl<K: KernelTraits> Loader<K> {
+    /// The loader of `storage`'s Q and K/V rings, all at their first slot. `leader`: this
+    /// thread issues.
     #[inline(always)]
-    fn map(&self, i: u64) -> TensorMap {
-        TensorMap(opaque_u64(self.tma) + 128 * i)
+    pub fn new(maps: TensorMaps, storage: &SharedStorage, leader: bool, multicast_rank: Option<u32>) -> Self {
+        Loader {
+            maps,
+            q: storage.q,
+            k: storage.k,
+            v: storage.v,
+            q_state: PipelineState::new(),
+            k_state: PipelineState::new(),
+            v_state: PipelineState::new(),
+            leader,
+            multicast_rank,
+            kernel: PhantomData,
+        }
+    }
+
+    #[inline(always)]
+    fn map(&self, slot: TensorMapSlot) -> TensorMap {
+        self.maps.get_rederived(slot)
     }
 
     #[inline(always)]
     pub fn prefetch_descriptors(&self) {
-        self.map(0).prefetch();
-        self.map(1).prefetch();
-        self.map(2).prefetch();
+        self.map(TensorMapSlot::Q).prefetch();
+        self.map(TensorMapSlot::K).prefetch();
+        self.map(TensorMapSlot::V).prefetch();
     }
 
     /// Loads Q of `tile` once the consumers released the previous one. A tile with no
@@ -57,7 +76,7 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
             self.q.producer_acquire(st, self.leader);
             // SAFETY: the slot holds one box; its full barrier expects the bytes.
             unsafe {
-                self.map(0).load_5d(self.q.slot(0), self.q.full(0), [0, tile.row0, 0, tile.head as i32, tile.batch as i32], self.leader)
+                self.map(TensorMapSlot::Q).load_5d(self.q.slot(0), self.q.full(0), [0, tile.row0, 0, tile.head as i32, tile.batch as i32], self.leader)
             };
         }
         self.q_state.advance();
@@ -66,19 +85,19 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     /// Key row of step `i` (steps run from the last block down).
     #[inline(always)]
     fn key_row(tile: &Tile, i: u32) -> i32 {
-        ((tile.n_blocks - 1 - i) * BLOCK_N) as i32
+        ((tile.n_blocks - 1 - i) * K::BLOCK_N) as i32
     }
 
     /// Loads K of step `i` into the next K slot (waits for it to be free).
     #[inline(always)]
     pub fn load_k(&mut self, tile: &Tile, i: u32) {
-        self.k_state = self.load_kv(self.map(1), &self.k, self.k_state, tile, i);
+        self.k_state = self.load_kv(self.map(TensorMapSlot::K), &self.k, self.k_state, tile, i);
     }
 
     /// Loads V of step `i` into the next V slot (waits for it to be free).
     #[inline(always)]
     pub fn load_v(&mut self, tile: &Tile, i: u32) {
-        self.v_state = self.load_kv(self.map(2), &self.v, self.v_state, tile, i);
+        self.v_state = self.load_kv(self.map(TensorMapSlot::V), &self.v, self.v_state, tile, i);
     }
 
     /// Loads K or V (`map`, `ring`) of step `i` into slot `st`; returns the next position.
@@ -86,11 +105,11 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
     fn load_kv(
         &self,
         map: TensorMap,
-        ring: &TmaPipeline<STAGES>,
-        mut st: PipelineState<STAGES>,
+        ring: &TmaPipeline<KV_STAGES>,
+        mut st: PipelineState<KV_STAGES>,
         tile: &Tile,
         i: u32,
-    ) -> PipelineState<STAGES> {
+    ) -> PipelineState<KV_STAGES> {
         ring.producer_acquire(st, self.leader);
         let (slot, full) = (ring.slot(st.index()), ring.full(st.index()));
         let (row, head, batch) = (Self::key_row(tile, i), tile.head_k as i32, tile.batch as i32);
@@ -101,9 +120,9 @@ impl<const STAGES: u32, const BLOCK_N: u32> Loader<STAGES, BLOCK_N> {
                 // Rows [rank * BLOCK_N/2, (rank + 1) * BLOCK_N/2) of every chunk, into both
                 // CTAs; each CTA's full barrier expects the whole tile (both halves). The
                 // half starts on a 1024 B swizzle atom, so the swizzle composes.
-                let half = BLOCK_N / 2;
-                for c in 0..self.chunks {
-                    let dst = slot.add(c * BLOCK_N * 128 + rank * half * 128);
+                let half = K::BLOCK_N / 2;
+                for c in 0..K::CHUNKS {
+                    let dst = slot.add(sw128_rows(K::BLOCK_N, c, rank * half));
                     let coords = [0, row + (rank * half) as i32, c as i32, head, batch];
                     // SAFETY: as above, in both CTAs of the cluster.
                     unsafe { map.load_5d_multicast(dst, full, coords, 0b11, self.leader) };

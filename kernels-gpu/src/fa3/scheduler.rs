@@ -15,11 +15,13 @@
 //! causal tiles of unequal cost). With warp specialization the producer claims and
 //! publishes each tile to the consumers through a shared-memory [`TileHandoff`].
 use super::pipeline::{CountState, PipelineState, TmaPipeline};
+use super::traits::KernelTraits;
 use crate::ptx::{global, math, smem, sreg};
 use common::FwdParams;
 use common::fa3::{self, TILE_HANDOFF_STAGES};
+use core::marker::PhantomData;
 
-/// One tile of work: `BLOCK_M` query rows of one (batch, head), and the key blocks
+/// One tile of work: `K::BLOCK_M` query rows of one (batch, head), and the key blocks
 /// `0..n_blocks` it must visit (visited from the last down, so masked blocks come first).
 #[derive(Clone, Copy)]
 pub struct Tile {
@@ -39,36 +41,37 @@ pub struct Tile {
 /// the query blocks do not divide evenly, the last rank gets a block past the end: its
 /// Q loads as zeros and its stores are clipped, while it still loads its share of K/V).
 #[derive(Clone, Copy)]
-pub struct TileOrder<const BLOCK_M: u32, const BLOCK_N: u32> {
+pub struct TileOrder<K: KernelTraits> {
     pub total: u32,
     /// Query blocks per (batch, head), in units of the cluster size.
     units: u32,
-    cluster: u32,
+    /// This CTA's rank in its cluster.
     rank: u32,
+    kernel: PhantomData<K>,
 }
 
-impl<const BLOCK_M: u32, const BLOCK_N: u32> TileOrder<BLOCK_M, BLOCK_N> {
-    /// `cluster`: CTAs per cluster (>= 1); `rank`: this CTA's rank in it.
+impl<K: KernelTraits> TileOrder<K> {
+    /// `rank`: this CTA's rank in its cluster of `K::CLUSTER`.
     #[inline(always)]
-    pub fn new(p: &FwdParams, cluster: u32, rank: u32) -> Self {
-        let units = p.seqlen_q.div_ceil(BLOCK_M).div_ceil(cluster.max(1));
-        TileOrder { total: units * p.heads_q * p.batch, units, cluster, rank }
+    pub fn new(p: &FwdParams, rank: u32) -> Self {
+        let units = p.seqlen_q.div_ceil(K::BLOCK_M).div_ceil(K::CLUSTER.max(1));
+        TileOrder { total: units * p.heads_q * p.batch, units, rank, kernel: PhantomData }
     }
 
     /// Tile number `t` (< `total`).
     #[inline(always)]
     pub fn tile(&self, t: u32, p: &FwdParams) -> Tile {
         let (unit, hb) = fa3::tile_unit_and_head(t, self.units, p.section_log2);
-        let m_block = unit * self.cluster + self.rank;
+        let m_block = unit * K::CLUSTER + self.rank;
         let head = hb.checked_rem(p.heads_q).unwrap_or(0);
-        let row0 = fa3::tile_row0(p, m_block, BLOCK_M, BLOCK_N);
+        let row0 = fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N);
         Tile {
             m_block,
             row0,
             head,
             head_k: p.kv_head(head),
             batch: hb.checked_div(p.heads_q).unwrap_or(0),
-            n_blocks: p.n_blocks(row0, BLOCK_M, BLOCK_N),
+            n_blocks: p.n_blocks(row0, K::BLOCK_M, K::BLOCK_N),
         }
     }
 }
@@ -127,26 +130,26 @@ impl TileClaims {
 }
 
 /// Where the consumers get their next tile from.
-pub trait TileSource<const BLOCK_M: u32, const BLOCK_N: u32> {
+pub trait TileSource {
     fn next_tile(&mut self, p: &FwdParams) -> Option<Tile>;
 }
 
 /// Every thread follows the static order itself (no warp specialization).
 #[derive(Clone, Copy)]
-pub struct StaticTiles<const BLOCK_M: u32, const BLOCK_N: u32> {
-    order: TileOrder<BLOCK_M, BLOCK_N>,
+pub struct StaticTiles<K: KernelTraits> {
+    order: TileOrder<K>,
     claims: TileClaims,
 }
 
-impl<const BLOCK_M: u32, const BLOCK_N: u32> StaticTiles<BLOCK_M, BLOCK_N> {
+impl<K: KernelTraits> StaticTiles<K> {
     /// Every grid-th tile, without a counter; every thread advances its own copy.
     #[inline(always)]
-    pub fn new(order: TileOrder<BLOCK_M, BLOCK_N>) -> Self {
+    pub fn new(order: TileOrder<K>) -> Self {
         StaticTiles { order, claims: TileClaims::static_order(1) }
     }
 }
 
-impl<const BLOCK_M: u32, const BLOCK_N: u32> TileSource<BLOCK_M, BLOCK_N> for StaticTiles<BLOCK_M, BLOCK_N> {
+impl<K: KernelTraits> TileSource for StaticTiles<K> {
     #[inline(always)]
     fn next_tile(&mut self, p: &FwdParams) -> Option<Tile> {
         let t = self.claims.current();
@@ -194,12 +197,20 @@ impl TileHandoff {
 
 /// A consumer's view of the handoff.
 #[derive(Clone, Copy)]
-pub struct HandoffTiles<const BLOCK_M: u32, const BLOCK_N: u32> {
-    pub handoff: TileHandoff,
-    pub state: PipelineState<TILE_HANDOFF_STAGES>,
+pub struct HandoffTiles<K: KernelTraits> {
+    handoff: TileHandoff,
+    state: PipelineState<TILE_HANDOFF_STAGES>,
+    kernel: PhantomData<K>,
 }
 
-impl<const BLOCK_M: u32, const BLOCK_N: u32> TileSource<BLOCK_M, BLOCK_N> for HandoffTiles<BLOCK_M, BLOCK_N> {
+impl<K: KernelTraits> HandoffTiles<K> {
+    #[inline(always)]
+    pub fn new(handoff: TileHandoff) -> Self {
+        HandoffTiles { handoff, state: PipelineState::new(), kernel: PhantomData }
+    }
+}
+
+impl<K: KernelTraits> TileSource for HandoffTiles<K> {
     #[inline(always)]
     fn next_tile(&mut self, p: &FwdParams) -> Option<Tile> {
         let ring = &self.handoff.ring;
@@ -213,6 +224,6 @@ impl<const BLOCK_M: u32, const BLOCK_N: u32> TileSource<BLOCK_M, BLOCK_N> for Ha
         if m_block == NO_TILE {
             return None;
         }
-        Some(Tile { m_block, row0: fa3::tile_row0(p, m_block, BLOCK_M, BLOCK_N), head, head_k: p.kv_head(head), batch, n_blocks })
+        Some(Tile { m_block, row0: fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N), head, head_k: p.kv_head(head), batch, n_blocks })
     }
 }

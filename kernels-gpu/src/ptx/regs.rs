@@ -4,18 +4,24 @@
 //! the same instruction.
 use core::arch::asm;
 
-/// Releases registers down to `N` per thread (producer warpgroup).
-#[inline(always)]
-pub fn dealloc<const N: u32>() {
-    const { assert!(N >= 24 && N <= 256 && N % 8 == 0) };
-    // SAFETY: warpgroup-uniform; callers hold no more than N live registers after it.
-    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+/// A per-thread register count known at compile time (`setmaxnreg` takes an immediate):
+/// a type, so that a kernel's traits type can name its own.
+pub trait RegisterCount {
+    const N: u32;
 }
 
-/// Grows the register budget to `N` per thread (consumer warpgroups).
+/// Releases registers down to `R::N` per thread (producer warpgroup).
 #[inline(always)]
-pub fn alloc<const N: u32>() {
-    const { assert!(N >= 24 && N <= 256 && N % 8 == 0) };
+pub fn dealloc<R: RegisterCount>() {
+    const { assert!(R::N >= 24 && R::N <= 256 && R::N % 8 == 0) };
+    // SAFETY: warpgroup-uniform; callers hold no more than N live registers after it.
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const R::N, options(nostack)) };
+}
+
+/// Grows the register budget to `R::N` per thread (consumer warpgroups).
+#[inline(always)]
+pub fn alloc<R: RegisterCount>() {
+    const { assert!(R::N >= 24 && R::N <= 256 && R::N % 8 == 0) };
     // SAFETY: warpgroup-uniform.
-    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const R::N, options(nostack)) };
 }

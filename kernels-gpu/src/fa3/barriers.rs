@@ -1,0 +1,56 @@
+//! The named barriers (`bar.sync` / `bar.arrive` ids 1..16) of the FA3 kernels, in one
+//! enum so that no two roles can share an id by accident. Each role that is per consumer
+//! warpgroup owns [`MAX_CONSUMER_WGS`] consecutive ids from its variant's value; id 0 is
+//! `__syncthreads`.
+use crate::ptx::barrier;
+use common::fa3::MAX_CONSUMER_WGS;
+
+/// A role's first id.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum NamedBarrier {
+    /// Ids 1..=3: a consumer warpgroup's epilogue (its 128 threads stage O together).
+    Epilogue = 1,
+    /// Ids 4..=6: a consumer warpgroup's turn to issue GEMMs (pingpong, 256 threads: the
+    /// warpgroup that waits and the one that hands over).
+    PingPong = 1 + MAX_CONSUMER_WGS,
+}
+
+/// Every role, for the check below.
+const ROLES: [NamedBarrier; 2] = [NamedBarrier::Epilogue, NamedBarrier::PingPong];
+
+// The id ranges are disjoint and inside 1..16.
+const _: () = {
+    let mut i = 0;
+    while i < ROLES.len() {
+        let a = ROLES[i] as u32;
+        assert!(a >= 1 && a + MAX_CONSUMER_WGS <= 16);
+        let mut j = i + 1;
+        while j < ROLES.len() {
+            let b = ROLES[j] as u32;
+            assert!(a + MAX_CONSUMER_WGS <= b || b + MAX_CONSUMER_WGS <= a);
+            j += 1;
+        }
+        i += 1;
+    }
+};
+
+impl NamedBarrier {
+    /// The id of consumer warpgroup `wg` (< [`MAX_CONSUMER_WGS`]) in this role.
+    #[inline(always)]
+    pub fn id(self, wg: u32) -> u32 {
+        self as u32 + wg
+    }
+
+    /// Waits at warpgroup `wg`'s barrier of this role until `threads` arrived.
+    #[inline(always)]
+    pub fn sync(self, wg: u32, threads: u32) {
+        barrier::named_sync(self.id(wg), threads);
+    }
+
+    /// Arrives at warpgroup `wg`'s barrier of this role without waiting.
+    #[inline(always)]
+    pub fn arrive(self, wg: u32, threads: u32) {
+        barrier::named_arrive(self.id(wg), threads);
+    }
+}

@@ -1,0 +1,81 @@
+//! The mask and score-modification hooks of the mainloop (FA3's `mask_fn` and
+//! FlexAttention's `mask_mod` / `score_mod`, as types of the kernel traits).
+//!
+//! The mainloop visits a tile's key blocks from the last down, so the blocks that need
+//! masking (those that cross the sequence end or a row's limit) come first: it runs them
+//! in a masked loop and the rest in a loop with no mask code at all, split where
+//! [`Mask::unmasked_blocks`] says. A score modification runs on every block, before the
+//! mask and the softmax; [`NoScoreMod`] compiles to nothing.
+//!
+//! Coordinates: a lane's scores are its two rows (`row_g` and `row_g + 8`) and, in n-tile
+//! `j`, keys `col_2t + 8j` and `+1` (the tensor-core C layout, see `crate::softmax`).
+use super::traits::FragTile;
+use common::FwdParams;
+use common::fa3::whole_key_blocks;
+
+/// Which keys a query row may see, for this lane's two rows.
+pub trait Mask: Copy {
+    /// The mask of the rows `row_g` and `row_g + 8`.
+    fn new(p: &FwdParams, row_g: i32) -> Self;
+
+    /// How many leading key blocks (of `block_n` keys, from key 0) every row from `row0`
+    /// on sees whole: those need no mask. Blocks from there on (up to the tile's last)
+    /// run the masked loop.
+    fn unmasked_blocks(p: &FwdParams, row0: i32, block_n: u32) -> u32;
+
+    /// Sets to `-inf` the scores of the keys this lane's rows may not see.
+    fn apply<S: FragTile>(&self, s: &mut S, col_2t: i32);
+}
+
+/// What is applied to the raw scores `S = Q K^T` (before the softmax scale) of a block.
+pub trait ScoreMod: Copy {
+    fn new(p: &FwdParams) -> Self;
+
+    /// Modifies this lane's scores in place (coordinates as for [`Mask::apply`]).
+    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32);
+}
+
+/// The keys past `seqlen_k`, and when the call is causal (a run-time flag of the
+/// parameters), the keys past a row's bottom-right diagonal: query `i` sees key `j` iff
+/// `j <= i + seqlen_k - seqlen_q`. Kept as each row's first hidden key, so that the
+/// masked loop holds two registers for it.
+#[derive(Clone, Copy)]
+pub struct CausalMask {
+    limits: [i32; 2],
+}
+
+impl Mask for CausalMask {
+    #[inline(always)]
+    fn new(p: &FwdParams, row_g: i32) -> Self {
+        let seqlen_k = p.seqlen_k as i32;
+        let limit = |row: i32| match p.causal_offset() {
+            Some(off) => seqlen_k.min(row + off + 1),
+            None => seqlen_k,
+        };
+        CausalMask { limits: [limit(row_g), limit(row_g + 8)] }
+    }
+
+    #[inline(always)]
+    fn unmasked_blocks(p: &FwdParams, row0: i32, block_n: u32) -> u32 {
+        whole_key_blocks(p.seqlen_k as i32, p.causal_offset(), row0, block_n)
+    }
+
+    #[inline(always)]
+    fn apply<S: FragTile>(&self, s: &mut S, col_2t: i32) {
+        s.mask_columns(col_2t, self.limits)
+    }
+}
+
+/// No score modification.
+#[derive(Clone, Copy)]
+pub struct NoScoreMod;
+
+impl ScoreMod for NoScoreMod {
+    #[inline(always)]
+    fn new(_: &FwdParams) -> Self {
+        NoScoreMod
+    }
+
+    #[inline(always)]
+    fn apply<S: FragTile>(&self, _: &mut S, _: i32, _: i32) {}
+}

@@ -1,0 +1,63 @@
+//! The kernel's shared memory as typed views (FA3's `SharedStorage`): the layout is
+//! computed once on the host side of `common` ([`common::fa3::SmemLayout`], checked
+//! against the 227 KB limit at compile time here and in a CPU test), and the kernel
+//! reaches each buffer and barrier array through these fields, never through offsets.
+use super::pipeline::TmaPipeline;
+use super::traits::KernelTraits;
+use crate::ptx::compiler::opaque_u64;
+use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
+use crate::ptx::tma::TensorMap;
+use common::fa3::{KV_STAGES, MAX_SMEM, SMEM_ALIGN, TILE_HANDOFF_STAGES, TensorMapSlot};
+
+#[derive(Clone, Copy)]
+pub struct SharedStorage {
+    /// Q of the current tile (one slot) and its full/empty barriers.
+    pub q: TmaPipeline<1>,
+    /// The K and V rings.
+    pub k: TmaPipeline<KV_STAGES>,
+    pub v: TmaPipeline<KV_STAGES>,
+    /// O's staging tile for the TMA store (Q's buffer when `o_shares_q`).
+    pub o: SmemAddr,
+    pub o_shares_q: bool,
+    /// The producer-to-consumer tile handoff.
+    pub tile_handoff: TmaPipeline<TILE_HANDOFF_STAGES>,
+}
+
+impl SharedStorage {
+    /// The storage of kernel `K`. `peer`: the cluster peer whose producer also fills the
+    /// K/V rings (multicast).
+    #[inline(always)]
+    pub fn new<K: KernelTraits>(peer: Option<u32>) -> Self {
+        const { assert!(K::SMEM.total <= MAX_SMEM) };
+        let layout = K::SMEM;
+        let base = align_up(dynamic_smem_base(), SMEM_ALIGN);
+        SharedStorage {
+            q: TmaPipeline::at(base, layout.q, None),
+            k: TmaPipeline::at(base, layout.k, peer),
+            v: TmaPipeline::at(base, layout.v, peer),
+            o: base.add(layout.o.offset),
+            o_shares_q: layout.o_shares_q(),
+            tile_handoff: TmaPipeline::at(base, layout.tile_handoff, None),
+        }
+    }
+}
+
+/// The kernel's TMA descriptor block (its first parameter, `common::TmaDescriptors`),
+/// by generic address: the descriptors are read in place, never copied.
+#[derive(Clone, Copy)]
+pub struct TensorMaps(pub u64);
+
+impl TensorMaps {
+    /// One map.
+    #[inline(always)]
+    pub fn get(self, slot: TensorMapSlot) -> TensorMap {
+        TensorMap(self.0 + slot.offset() as u64)
+    }
+
+    /// One map, its address derived at each use: the producer thread runs on 24
+    /// registers and cannot hold three 64-bit addresses for the whole kernel.
+    #[inline(always)]
+    pub fn get_rederived(self, slot: TensorMapSlot) -> TensorMap {
+        TensorMap(opaque_u64(self.0) + slot.offset() as u64)
+    }
+}

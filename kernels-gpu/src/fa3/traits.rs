@@ -1,0 +1,163 @@
+//! The configuration of one FA3 kernel as a traits type: the kernel table
+//! (`common::fa3_kernel_table`) gives each entry point a type implementing
+//! [`KernelTraits`], and every part of the kernel (producer, mainloop, epilogue,
+//! scheduler, shared storage) reads its shapes, register tiles and switches from it.
+//! Everything but the table's fields is derived here, once.
+use super::mask::{Mask, ScoreMod};
+use crate::element::{Element, a_fragment};
+use crate::ptx::regs::RegisterCount;
+use crate::ptx::wgmma::{WgmmaAcc, fence_a_operand};
+use crate::softmax::{Frag, OnlineSoftmax, mask_columns};
+use common::fa3::{KernelConfig, SmemLayout};
+use core::marker::PhantomData;
+
+/// One FA3 kernel configuration.
+pub trait KernelTraits: Copy + 'static {
+    /// The 16-bit element type of Q, K, V and O.
+    type Element: Element;
+    /// A consumer warpgroup's S = QK^T accumulator: `BLOCK_N / 8` fragments.
+    type Scores: ScoreTile;
+    /// A consumer warpgroup's O accumulator: `HDIM / 8` fragments.
+    type Out: FragTile + WgmmaAcc;
+    /// Which keys a query row may see.
+    type Mask: Mask;
+    /// What is applied to the scores before the softmax.
+    type ScoreMod: ScoreMod;
+    /// The table's fields.
+    const CONFIG: KernelConfig;
+
+    const HDIM: u32 = Self::CONFIG.hdim;
+    /// Query rows per CTA: 64 per consumer warpgroup.
+    const BLOCK_M: u32 = Self::CONFIG.block_m();
+    /// Keys per K/V block.
+    const BLOCK_N: u32 = Self::CONFIG.block_n;
+    const CONSUMER_WGS: u32 = Self::CONFIG.consumer_wgs;
+    /// CTAs per cluster (2: K/V shared by TMA multicast).
+    const CLUSTER: u32 = Self::CONFIG.cluster;
+    /// A producer warpgroup issues the loads (else a consumer thread does, in line).
+    const WARP_SPECIALIZED: bool = Self::CONFIG.techniques.warp_specialized;
+    /// The consumer warpgroups take turns issuing GEMMs.
+    const PINGPONG: bool = Self::CONFIG.techniques.pingpong;
+    /// The softmax of block i overlaps the PV GEMM of block i-1 in one warpgroup.
+    const OVERLAP: bool = Self::CONFIG.techniques.intra_overlap;
+    /// Q is the register operand of QK^T (loaded once per tile).
+    const Q_IN_REGISTERS: bool = Self::CONFIG.q_in_registers();
+    /// Warpgroups skip the leading key blocks of a tile that are masked for all their rows.
+    const SKIPS_MASKED_BLOCKS: bool = Self::CONFIG.skips_masked_blocks();
+    /// The masked steps run their own loop, so that the unmasked loop has no mask code.
+    /// Not at hdim 256 with 80-key blocks: there O, S and P take 188 of the consumers' 240
+    /// registers, and the second copy of the step made ptxas 13.5 spill a register; that
+    /// kernel runs one loop whose step branches around the mask (warp-uniformly).
+    const SEPARATE_MASKED_LOOP: bool = !(Self::HDIM == 256 && Self::BLOCK_N == 80);
+    /// Registers per thread after `setmaxnreg`.
+    const PRODUCER_REGS: u32 = Self::CONFIG.register_split().0;
+    const CONSUMER_REGS: u32 = Self::CONFIG.register_split().1;
+    /// The shared-memory layout.
+    const SMEM: SmemLayout = Self::CONFIG.smem();
+    /// 64-column (128 B) chunks of the head dim.
+    const CHUNKS: u32 = Self::HDIM / 64;
+}
+
+/// The producer warpgroup's register count of a kernel (`setmaxnreg` takes an immediate).
+pub struct ProducerRegs<K>(PhantomData<K>);
+/// The consumer warpgroups' register count of a kernel.
+pub struct ConsumerRegs<K>(PhantomData<K>);
+
+impl<K: KernelTraits> RegisterCount for ProducerRegs<K> {
+    const N: u32 = K::PRODUCER_REGS;
+}
+
+impl<K: KernelTraits> RegisterCount for ConsumerRegs<K> {
+    const N: u32 = K::CONSUMER_REGS;
+}
+
+/// An f32 accumulator tile in the tensor-core C layout (`N` fragments of 8 columns), with
+/// the row-wise operations of the online softmax.
+pub trait FragTile: Copy {
+    fn zeroed() -> Self;
+    /// Fragment `j`.
+    fn frag(&self, j: usize) -> &Frag;
+    /// Multiplies each row by its factor, if any (the online softmax's rescale).
+    fn rescale(&mut self, alpha: Option<[f32; 2]>);
+    /// Sets to `-inf` the scores of keys at or past each row's limit (see
+    /// [`mask_columns`]).
+    fn mask_columns(&mut self, col_2t: i32, limits: [i32; 2]);
+    /// Folds the tile into the running statistics (see [`OnlineSoftmax::update`]).
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32) -> Option<[f32; 2]>;
+}
+
+impl<const N: usize> FragTile for [Frag; N] {
+    #[inline(always)]
+    fn zeroed() -> Self {
+        [[0.0; 4]; N]
+    }
+    #[inline(always)]
+    fn frag(&self, j: usize) -> &Frag {
+        &self[j]
+    }
+    #[inline(always)]
+    fn rescale(&mut self, alpha: Option<[f32; 2]>) {
+        OnlineSoftmax::rescale(self, alpha)
+    }
+    #[inline(always)]
+    fn mask_columns(&mut self, col_2t: i32, limits: [i32; 2]) {
+        mask_columns(self, col_2t, limits)
+    }
+    #[inline(always)]
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32) -> Option<[f32; 2]> {
+        softmax.update(self, scale_log2)
+    }
+}
+
+/// A score tile S and the matching probability tile P: the A operand of the PV GEMM, two
+/// n-tiles of S per k16 step, in registers.
+pub trait ScoreTile: FragTile + WgmmaAcc {
+    type Probs: ProbTile;
+    /// P = S rounded to `E`, in the RS WGMMA A-fragment layout.
+    fn to_probs<E: Element>(&self) -> Self::Probs;
+}
+
+/// P as `BLOCK_N / 16` RS WGMMA A fragments.
+pub trait ProbTile: Copy {
+    /// k16 steps.
+    const STEPS: usize;
+    fn zeroed() -> Self;
+    /// The A fragment of k16 step `kb`.
+    fn step(&self, kb: usize) -> [u32; 4];
+    /// Compiler fence: every register is read and rewritten here (see
+    /// [`WgmmaAcc::fence_operand`]).
+    fn fence_operand(&mut self);
+}
+
+macro_rules! score_tile {
+    ($($frags:literal),*) => {$(
+        impl ScoreTile for [Frag; $frags] {
+            type Probs = [[u32; 4]; $frags / 2];
+            #[inline(always)]
+            fn to_probs<E: Element>(&self) -> Self::Probs {
+                core::array::from_fn(|kb| a_fragment::<E>(&self[2 * kb], &self[2 * kb + 1]))
+            }
+        }
+    )*};
+}
+
+// Key blocks of 64, 80 and 128.
+score_tile!(8, 10, 16);
+
+impl<const STEPS: usize> ProbTile for [[u32; 4]; STEPS] {
+    const STEPS: usize = STEPS;
+    #[inline(always)]
+    fn zeroed() -> Self {
+        [[0; 4]; STEPS]
+    }
+    #[inline(always)]
+    fn step(&self, kb: usize) -> [u32; 4] {
+        self[kb]
+    }
+    #[inline(always)]
+    fn fence_operand(&mut self) {
+        for a in self.iter_mut() {
+            fence_a_operand(a);
+        }
+    }
+}
