@@ -597,6 +597,22 @@ fn dynamic_counter_is_right_in_graph_replays() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A stream made by another context handle than the `Gpu`'s is refused with its own
+/// error before anything is launched (the launch would run under the wrong context).
+fn a_stream_of_another_context_handle_is_refused() -> Result<(), Failed> {
+    let gpu = Gpu::new(0)?;
+    let stream = gpu.new_stream()?;
+    let x = vec![0.5f32; 64 * 128];
+    let t = |s| DeviceTensor::from_f32(&stream, DType::F16, [1, 64, 1, 128], s);
+    let (q, k, v) = (t(&x)?, t(&x)?, t(&x)?);
+    let other = cudarc::driver::CudaContext::new(0)?.new_stream()?;
+    match flash_attn3::flash_attn_func(&gpu, &other, &q.as_ref(), &k.as_ref(), &v.as_ref(), &AttnOptions::default()) {
+        Err(flash_attn3::AttnError::ForeignStream) => Ok(()),
+        Err(e) => Err(format!("expected ForeignStream, got {e}").into()),
+        Ok(_) => Err("a stream of another context handle was accepted".into()),
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -642,6 +658,7 @@ fn main() {
     );
     for (name, test) in [
         ("dynamic_counter_is_right_in_graph_replays", dynamic_counter_is_right_in_graph_replays as fn() -> _),
+        ("a_stream_of_another_context_handle_is_refused", a_stream_of_another_context_handle_is_refused),
         ("evicting_a_counter_enqueues_nothing_on_its_stream", evicting_a_counter_enqueues_nothing_on_its_stream),
         (
             "pending_work_of_a_stream_whose_counter_is_evicted_holds_up_no_other_stream",
