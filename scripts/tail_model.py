@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""List-scheduling model of the causal dynamic tile order (docs/perf.md item 64).
+"""List-scheduling model of the causal dynamic tile order (docs/perf-history.md item 64).
 
 Tiles are claimed in the kernels' order (sections of S heads; within a section the query
 block is the slow index, last first), each by whichever of the SMs frees up first. A

@@ -45,8 +45,8 @@ pub struct KernelEntry {
     pub algo: Algo,
     pub hdim: u32,
     pub dtype: DType,
-    /// Bytes of the leading `.param` that holds TMA descriptors and must be 64-byte
-    /// aligned (0: the kernel takes no descriptors).
+    /// Bytes of the leading `.param` that holds TMA descriptors, which the PTX builder
+    /// aligns to 128 bytes (0: the kernel takes no descriptors).
     pub tma_param_bytes: u32,
     /// Threads per CTA the kernel is built for; non-zero adds `.maxntid N,1,1` and
     /// `.minnctapersm 1` to the entry, which `setmaxnreg` needs (a register cap at entry).
@@ -133,8 +133,9 @@ pub struct Strides {
 }
 
 /// The TMA descriptors of the FA3 kernels (`CUtensorMap`s of q, k, v, o, 128 B each),
-/// the kernels' first parameter. The PTX builder raises its `.param` alignment to the
-/// 64 bytes the TMA unit needs (rustc's PTX ABI stops at 16).
+/// the kernels' first parameter. The PTX builder raises its `.param` alignment to 128
+/// bytes, as nvcc emits for a `__grid_constant__ CUtensorMap` (the TMA unit needs 64;
+/// rustc's PTX ABI stops at 16).
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
 pub struct TmaDescriptors(pub [u64; 64]);

@@ -31,7 +31,7 @@ pub struct Timing {
 /// 0.2 ms call sample one moment of it. Under
 /// sustained load the H100 here runs into its power cap within a second and its clock
 /// falls from 1980 to ~1400-1550 MHz, so a short burst after idle measures a different
-/// card than a long run (docs/perf.md). Timing every config in that steady state makes
+/// card than a long run (docs/perf.md, method). Timing every config in that steady state makes
 /// runs repeatable and comparable with the peers, timed the same way.
 #[allow(clippy::too_many_arguments)]
 pub fn time_forward(

@@ -69,7 +69,7 @@ struct TileCounter {
     buf: ManuallyDrop<CudaSlice<u32>>,
     /// `buf`'s address, taken once: the launches use it without cudarc's per-call event
     /// waits and records, since the handle's own events already order the zeroing before
-    /// the stream's first launch and the free after its last (docs/perf.md item 66).
+    /// the stream's first launch and the free after its last.
     ptr: u64,
     next_base: u32,
     /// Recorded on the user stream after each launch that used `buf`: the private stream

@@ -46,7 +46,7 @@ pub enum Schedule {
     /// of one head, which share each K/V tile by TMA multicast (half the L2 traffic).
     /// Non-causal only (both CTAs must visit the same key blocks), hdim 128, all
     /// techniques on. `Auto` picks it from 4096 query rows and keys
-    /// (`common::fa3::multicast_pays`; docs/perf.md item 78).
+    /// (`common::fa3::multicast_pays`).
     PersistentMulticast,
 }
 
@@ -145,7 +145,7 @@ fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
 pub const SECTION_L2_BYTES: usize = 32 << 20;
 /// Sections are capped at 16 heads: 64 or more lost 0-8% (short sequences: each head's
 /// few tiles then run far apart in time), and 16 beat both no section and 32 at 512-2k
-/// (docs/perf.md items 54, 55); see [`section_log2`].
+/// (see [`section_log2`]).
 pub const SECTION_MAX_HEADS_LOG2: u32 = 4;
 /// Longest key sequence measured to gain from sections.
 pub const SECTION_MAX_SEQLEN_K: usize = 8192;
@@ -153,7 +153,7 @@ pub const SECTION_MAX_SEQLEN_K: usize = 8192;
 /// The section size of a causal call's dynamic tile order (`FwdParams::section_log2`):
 /// the largest power of two dividing `heads` ((batch, head) pairs) whose K/V fit in
 /// [`SECTION_L2_BYTES`] together, used only where sections were measured to win
-/// (docs/perf.md item 53; on the FA3 grid +2-6% at 2k-8k), capped at
+/// (on the FA3 grid +2-6% at 2k-8k), capped at
 /// 2^[`SECTION_MAX_HEADS_LOG2`] heads, and keys up to [`SECTION_MAX_SEQLEN_K`] (at 16k,
 /// hdim 128 lost 2.3%). Otherwise 0 (one head per section: query blocks fastest).
 pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize) -> u32 {

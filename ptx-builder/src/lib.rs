@@ -9,7 +9,7 @@
 //! 2. `llvm-link` every bitcode member of the kernel crate and its dependencies (core...);
 //! 3. `opt`: internalize everything but the exported kernels, drop dead code, `O3`;
 //! 4. `llc -mcpu=sm_90a` to PTX;
-//! 5. raise the `.param` alignment of TMA descriptor blocks to 64 bytes (rustc's PTX ABI
+//! 5. raise the `.param` alignment of TMA descriptor blocks to 128 bytes (rustc's PTX ABI
 //!    cannot express an alignment above 16; the TMA unit needs 64) and check that the
 //!    module exports exactly the kernels of `common::KERNELS`.
 //!
@@ -224,7 +224,7 @@ fn rlib_artifacts(json_lines: &str) -> Result<Vec<PathBuf>, Error> {
 }
 
 /// Checks the exported kernels against `common::KERNELS` and aligns TMA descriptor
-/// parameters to 64 bytes.
+/// parameters to [`TMA_PARAM_ALIGN`] bytes.
 pub fn finish_ptx(raw: &str) -> Result<String, Error> {
     let entries: Vec<&str> = raw
         .lines()
@@ -334,7 +334,8 @@ pub fn find_ptxas() -> Option<PathBuf> {
 
 /// The ptxas release inside the driver JIT of the lent H100 (driver 580.159.04, CUDA
 /// 13.0). The host ships PTX, so this compiler, not the newest ptxas, makes the SASS that
-/// runs there; 13.0 has a register-allocation bug that 13.1 fixed (docs/perf.md item 49).
+/// runs there; 13.0 has a register-allocation bug that 13.1 fixed (it reused Q's
+/// registers for P in one loop shape, see `sass`).
 /// `scripts/setup.sh` installs it in `.tools/ptxas-jit`.
 pub const JIT_PTXAS_VERSION: &str = "13.0.88";
 

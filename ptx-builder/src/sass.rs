@@ -4,7 +4,7 @@
 //! The one checked today: Q's fragments stay intact. At hdim 128 the consumers load Q
 //! with `ldmatrix` (`LDSM`) once per tile and feed it to every QK^T `HGMMA` of the tile,
 //! so no other write may reach those `HGMMA`s. ptxas 13.0, the driver JIT of the lent
-//! H100, broke this in one kernel shape (docs/perf.md item 49).
+//! H100, broke this in one kernel shape: it put P in Q's registers.
 use std::path::Path;
 use std::process::Command;
 

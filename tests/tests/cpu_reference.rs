@@ -251,8 +251,7 @@ fn lazy_rescaling_is_exact_when_the_max_keeps_climbing() {
 /// and under the GPU tests' 2x rule at worst. Measured here, lazy vs eager mean: threshold
 /// 2 (ours) f16 +10.3%, worst 1.80 (eager 1.21), bf16 +6.2%, worst 1.29; threshold 1
 /// +4.2% / +1.0%, worst 1.21 / 1.20; threshold 4 f16 +17%, and the test fails
-/// (docs/perf.md, item 42). Until session 6 this test ran 64-key blocks, where threshold 2
-/// cost +5-6% and a 10% bound held; the kernels' 128-key blocks cost more.
+/// On 64-key blocks threshold 2 cost only +5-6%; the kernels' 128-key blocks cost more.
 #[test]
 fn lazy_rescaling_keeps_the_low_precision_error_of_eager_rescaling() {
     for dtype in [DType::F16, DType::BF16] {

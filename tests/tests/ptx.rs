@@ -191,7 +191,7 @@ fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Resu
 
 /// The multicast kernels release their peer's K/V slots with remote mbarrier arrivals in
 /// the mainloop; with `.release.cluster` each came with a GPU-wide `MEMBAR` (and error
-/// barriers), which cost 30-58% (docs/perf.md item 78). Only the two cluster barriers,
+/// barriers), which cost 30-58%. Only the two cluster barriers,
 /// after init and before exit, may fence the whole GPU, and the remote arrivals are there
 /// (so the check is not vacuous).
 fn multicast_releases_carry_no_gpu_wide_fence(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
@@ -221,7 +221,7 @@ fn multicast_releases_carry_no_gpu_wide_fence(ptxas: PathBuf, nvdisasm: PathBuf)
 }
 
 /// The check above can fail: on a kernel where ptxas 13.0 does overwrite the fragments
-/// (the bug of docs/perf.md item 49), it reports the writes. If this stops failing, the
+/// (it put P in Q's registers), it reports the writes. If this stops failing, the
 /// pinned JIT ptxas no longer has the bug and the fixture no longer proves the check.
 fn the_q_check_catches_ptxas_13_0s_clobber(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
     let fixture = include_str!("../fixtures/ptxas13_0_clobbers_q.ptx");

@@ -418,10 +418,9 @@ pub fn run<K: KernelTraits>(
     if K::OVERLAP {
         // n - first + 1 GEMM turns: QK_first; (QK_i, PV_{i-1}) for i in first+1..n; PV_{n-1}.
         ml.qk_turn(first);
-        // O is still zero: the first step's factor is not needed. The first step is
-        // masked whatever it visits (a whole block is left as it is): one copy of the
-        // softmax less in the code.
-        ml.steps.softmax::<true>(&mut ml.regs.s, &mut ml.softmax, first, true);
+        // O is still zero: the first step's factor is not needed. It is masked or not by
+        // a (warp-uniform) branch, not a loop of its own.
+        ml.steps.softmax::<true>(&mut ml.regs.s, &mut ml.softmax, first, first < unmasked_from);
         ml.regs.p = ml.regs.s.to_probs::<K::Element>();
         let mut alpha = None;
         if K::SEPARATE_MASKED_LOOP {

@@ -29,8 +29,7 @@ impl Mbarrier {
     /// with the default CTA-scope release (as CUTLASS's `ClusterBarrier::arrive`). The
     /// slot this releases was read by wgmmas already waited for, so no memory access
     /// needs ordering at cluster scope; `.release.cluster` put a GPU-wide `MEMBAR` before
-    /// every remote arrival, which made the multicast kernel 30-58% slower (docs/perf.md
-    /// item 78).
+    /// every remote arrival, which made the multicast kernel 30-58% slower.
     #[inline(always)]
     pub fn arrive_peer(self, rank: u32) {
         let remote = super::cluster::map_shared(self.0, rank);
