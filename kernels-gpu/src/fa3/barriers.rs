@@ -3,6 +3,7 @@
 //! warpgroup owns [`MAX_CONSUMER_WGS`] consecutive ids from its variant's value; id 0 is
 //! `__syncthreads`.
 use crate::ptx::barrier;
+use super::traits::WARPGROUP_THREADS;
 use common::fa3::MAX_CONSUMER_WGS;
 
 /// A role's first id.
@@ -36,21 +37,30 @@ const _: () = {
 };
 
 impl NamedBarrier {
+    /// Threads that meet at one of this role's barriers.
+    #[inline(always)]
+    pub const fn threads(self) -> u32 {
+        match self {
+            NamedBarrier::Epilogue => WARPGROUP_THREADS,
+            NamedBarrier::PingPong => 2 * WARPGROUP_THREADS,
+        }
+    }
+
     /// The id of consumer warpgroup `wg` (< [`MAX_CONSUMER_WGS`]) in this role.
     #[inline(always)]
     pub fn id(self, wg: u32) -> u32 {
         self as u32 + wg
     }
 
-    /// Waits at warpgroup `wg`'s barrier of this role until `threads` arrived.
+    /// Waits at warpgroup `wg`'s barrier of this role until all its threads arrived.
     #[inline(always)]
-    pub fn sync(self, wg: u32, threads: u32) {
-        barrier::named_sync(self.id(wg), threads);
+    pub fn sync(self, wg: u32) {
+        barrier::named_sync(self.id(wg), self.threads());
     }
 
     /// Arrives at warpgroup `wg`'s barrier of this role without waiting.
     #[inline(always)]
-    pub fn arrive(self, wg: u32, threads: u32) {
-        barrier::named_arrive(self.id(wg), threads);
+    pub fn arrive(self, wg: u32) {
+        barrier::named_arrive(self.id(wg), self.threads());
     }
 }

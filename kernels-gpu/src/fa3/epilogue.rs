@@ -4,7 +4,7 @@
 //! LSE.
 use super::barriers::NamedBarrier;
 use super::scheduler::Tile;
-use super::traits::{FragTile, KernelTraits};
+use super::traits::{FragTile, KernelTraits, WARPGROUP_ROWS};
 use crate::element::Element;
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::{self, SmemAddr};
@@ -38,7 +38,7 @@ pub fn store<K: KernelTraits>(
     if thread_in_wg == 0 {
         tma::store_wait_read::<0>();
     }
-    NamedBarrier::Epilogue.sync(wg, 128);
+    NamedBarrier::Epilogue.sync(wg);
     let warp = thread_in_wg / 32;
     let lane = thread_in_wg % 32;
     let (g, t) = (lane / 4, lane % 4);
@@ -49,7 +49,7 @@ pub fn store<K: KernelTraits>(
     const { assert!(K::HDIM % 16 == 0) };
     let frags = (K::HDIM / 8) as usize;
     let m = lane / 8;
-    let row = wg * 64 + warp * 16 + (m % 2) * 8 + lane % 8;
+    let row = wg * WARPGROUP_ROWS + warp * 16 + (m % 2) * 8 + lane % 8;
     // n-tile j, row g + 8r: normalised and rounded to the output type.
     let packed = |j: usize, r: usize| K::Element::pack2(o.frag(j)[2 * r] * inv[r], o.frag(j)[2 * r + 1] * inv[r]);
     for j in (0..frags).step_by(2) {
@@ -61,9 +61,9 @@ pub fn store<K: KernelTraits>(
     }
     // The TMA store reads through the async proxy.
     fence::proxy_async_shared();
-    NamedBarrier::Epilogue.sync(wg, 128);
+    NamedBarrier::Epilogue.sync(wg);
     // Rows past `seqlen_q` are clipped by the TMA store, and skipped for the LSE.
-    let row0 = tile.row0 + (wg * 64) as i32;
+    let row0 = tile.row0 + (wg * WARPGROUP_ROWS) as i32;
     // This thread's row `g + 8r` of its warp's 16, if it exists.
     let thread_row = |r: u32| {
         let row = row0 + (warp * 16 + g + 8 * r) as i32;
@@ -72,7 +72,7 @@ pub fn store<K: KernelTraits>(
     if row0 >= 0 {
         if thread_in_wg == 0 {
             for chunk in 0..K::CHUNKS {
-                let src = o_smem.add(sw128_rows(K::BLOCK_M, chunk, wg * 64));
+                let src = o_smem.add(sw128_rows(K::BLOCK_M, chunk, wg * WARPGROUP_ROWS));
                 // SAFETY: 64 rows x 128 B written above and fenced.
                 unsafe { tma_o.store_5d(src, [0, row0, chunk as i32, tile.head as i32, tile.batch as i32]) };
             }
@@ -108,7 +108,7 @@ pub fn store<K: KernelTraits>(
         if thread_in_wg == 0 {
             tma::store_wait_read::<0>();
         }
-        NamedBarrier::Epilogue.sync(wg, 128);
+        NamedBarrier::Epilogue.sync(wg);
         q_empty.arrive();
     }
 }

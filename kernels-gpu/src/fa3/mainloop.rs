@@ -17,7 +17,7 @@ use super::mask::{Mask, ScoreMod};
 use super::pipeline::{PipelineState, TmaPipeline};
 use super::producer::Loader;
 use super::scheduler::Tile;
-use super::traits::{FragTile, KernelTraits, ProbTile, ScoreTile};
+use super::traits::{FragTile, KernelTraits, ProbTile, ScoreTile, WARPGROUP_ROWS};
 use crate::element::Element;
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::SmemAddr;
@@ -39,7 +39,7 @@ pub type QFrags = [[u32; 4]; 8];
 pub fn load_q<K: KernelTraits>(q_tile: SmemAddr, wg: u32, thread_in_wg: u32) -> QFrags {
     let warp = thread_in_wg / 32;
     let lane = thread_in_wg % 32;
-    let row = wg * 64 + warp * 16 + (lane / 8 % 2) * 8 + lane % 8;
+    let row = wg * WARPGROUP_ROWS + warp * 16 + (lane / 8 % 2) * 8 + lane % 8;
     core::array::from_fn(|kk| {
         let col = kk as u32 * 16 + (lane / 16) * 8;
         // SAFETY: inside the landed Q tile; 16 B aligned (a whole swizzle unit).
@@ -70,7 +70,7 @@ impl PingPong {
     #[inline(always)]
     pub fn start(self) {
         if self.enabled && self.is_last() {
-            NamedBarrier::PingPong.arrive(0, 256);
+            NamedBarrier::PingPong.arrive(0);
         }
     }
 
@@ -78,14 +78,14 @@ impl PingPong {
     #[inline(always)]
     pub fn finish(self) {
         if self.enabled && self.wg == 0 {
-            NamedBarrier::PingPong.sync(0, 256);
+            NamedBarrier::PingPong.sync(0);
         }
     }
 
     #[inline(always)]
     fn begin(self) {
         if self.enabled {
-            NamedBarrier::PingPong.sync(self.wg, 256);
+            NamedBarrier::PingPong.sync(self.wg);
         }
     }
 
@@ -93,7 +93,7 @@ impl PingPong {
     fn end(self) {
         if self.enabled {
             let next = if self.is_last() { 0 } else { self.wg + 1 };
-            NamedBarrier::PingPong.arrive(next, 256);
+            NamedBarrier::PingPong.arrive(next);
         }
     }
 }
@@ -191,7 +191,7 @@ impl<K: KernelTraits> Steps<'_, K> {
     /// are past `seqlen_q`), which cost it no GEMM and no softmax.
     #[inline(always)]
     fn first(&self) -> u32 {
-        let visible = self.p.visible_blocks(self.wg_row0, 64, K::BLOCK_N);
+        let visible = self.p.visible_blocks(self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N);
         // Warpgroup-uniform already; the broadcast lets ptxas see it, so that the loops
         // bounded by it keep their wgmma asynchronous.
         math::shfl_broadcast_u32(self.n - visible.min(self.n))
@@ -225,8 +225,8 @@ impl<K: KernelTraits> Steps<'_, K> {
 /// with the block `KV_STAGES` steps ahead.
 struct Rings<'a, K: KernelTraits> {
     ops: &'a Operands,
-    kst: &'a mut PipelineState<KV_STAGES>,
-    vst: &'a mut PipelineState<KV_STAGES>,
+    k_state: &'a mut PipelineState<KV_STAGES>,
+    v_state: &'a mut PipelineState<KV_STAGES>,
     loader: &'a mut Loader<K>,
     /// This thread takes part in loading (no warp specialization).
     refills: bool,
@@ -237,7 +237,7 @@ impl<K: KernelTraits> Rings<'_, K> {
     /// Done with K of step `i` (and, after the last step, with Q).
     #[inline(always)]
     fn release_k(&mut self, i: u32) {
-        self.ops.k.consumer_release(*self.kst);
+        self.ops.k.consumer_release(*self.k_state);
         if i + 1 == self.tile.n_blocks {
             if let Some(q_empty) = self.ops.q_empty {
                 q_empty.arrive();
@@ -246,17 +246,17 @@ impl<K: KernelTraits> Rings<'_, K> {
         if self.refills && i + KV_STAGES < self.tile.n_blocks {
             self.loader.load_k(self.tile, i + KV_STAGES);
         }
-        self.kst.advance();
+        self.k_state.advance();
     }
 
     /// Done with V of step `i`.
     #[inline(always)]
     fn release_v(&mut self, i: u32) {
-        self.ops.v.consumer_release(*self.vst);
+        self.ops.v.consumer_release(*self.v_state);
         if self.refills && i + KV_STAGES < self.tile.n_blocks {
             self.loader.load_v(self.tile, i + KV_STAGES);
         }
-        self.vst.advance();
+        self.v_state.advance();
     }
 }
 
@@ -275,10 +275,10 @@ impl<K: KernelTraits> Mainloop<'_, K> {
     /// A GEMM turn of QK_i alone, waited for; K_i's slot released.
     #[inline(always)]
     fn qk_turn(&mut self, i: u32) {
-        self.ops.k.consumer_wait(*self.rings.kst);
+        self.ops.k.consumer_wait(*self.rings.k_state);
         self.pingpong.begin();
         self.regs.fence_operands();
-        let k_desc = self.ops.k_desc(*self.rings.kst);
+        let k_desc = self.ops.k_desc(*self.rings.k_state);
         gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, self.ops.q_desc, k_desc));
         self.pingpong.end();
         gemm::wait::<0>(&mut self.regs.s);
@@ -292,17 +292,17 @@ impl<K: KernelTraits> Mainloop<'_, K> {
     #[inline(always)]
     fn overlapped_step<const MASKED: bool>(&mut self, i: u32, alpha: Option<[f32; 2]>, needs_mask: bool) -> Option<[f32; 2]> {
         let ops = self.ops;
-        ops.k.consumer_wait(*self.rings.kst);
+        ops.k.consumer_wait(*self.rings.k_state);
         self.pingpong.begin();
         self.regs.fence_operands();
-        let k_desc = ops.k_desc(*self.rings.kst);
+        let k_desc = ops.k_desc(*self.rings.k_state);
         gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, ops.q_desc, k_desc));
         self.regs.o.rescale(alpha);
         self.regs.o.fence_operand();
         // Waited for after O's fence: a spin loop between `wgmma.fence` and the wgmma
         // makes ptxas 13.0 (the driver's JIT) inject another `warpgroup.arrive` (C7519).
-        ops.v.consumer_wait(*self.rings.vst);
-        let v_desc = ops.v_desc::<K>(*self.rings.vst);
+        ops.v.consumer_wait(*self.rings.v_state);
+        let v_desc = ops.v_desc::<K>(*self.rings.v_state);
         gemm::issue(|| pv::<K>(&mut self.regs.o, &self.regs.p, v_desc));
         self.pingpong.end();
         // S_i landed; PV_{i-1} may still run while the softmax does.
@@ -320,11 +320,11 @@ impl<K: KernelTraits> Mainloop<'_, K> {
     /// The last GEMM turn of the overlapped loop: PV of the last step, after O's rescale.
     #[inline(always)]
     fn last_pv(&mut self, n: u32, alpha: Option<[f32; 2]>) {
-        self.ops.v.consumer_wait(*self.rings.vst);
+        self.ops.v.consumer_wait(*self.rings.v_state);
         self.pingpong.begin();
         self.regs.o.rescale(alpha);
         self.regs.fence_operands();
-        let v_desc = self.ops.v_desc::<K>(*self.rings.vst);
+        let v_desc = self.ops.v_desc::<K>(*self.rings.v_state);
         gemm::issue(|| pv::<K>(&mut self.regs.o, &self.regs.p, v_desc));
         self.pingpong.end();
         gemm::wait::<0>(&mut self.regs.o);
@@ -338,9 +338,9 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         let alpha = self.steps.softmax::<MASKED>(&mut self.regs.s, &mut self.softmax, i, true);
         self.regs.o.rescale(alpha);
         self.regs.p = self.regs.s.to_probs::<K::Element>();
-        self.ops.v.consumer_wait(*self.rings.vst);
+        self.ops.v.consumer_wait(*self.rings.v_state);
         self.regs.fence_operands();
-        let v_desc = self.ops.v_desc::<K>(*self.rings.vst);
+        let v_desc = self.ops.v_desc::<K>(*self.rings.v_state);
         gemm::issue(|| pv::<K>(&mut self.regs.o, &self.regs.p, v_desc));
         gemm::wait::<0>(&mut self.regs.o);
         self.rings.release_v(i);
@@ -348,7 +348,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
 }
 
 /// Runs the mainloop of one tile (Q already landed); returns the unnormalised O
-/// accumulator and the row statistics. `kst`, `vst`: ring positions, carried across tiles.
+/// accumulator and the row statistics. `k_state`, `v_state`: ring positions, carried across tiles.
 /// `is_loader`: this thread refills the rings itself through `loader` (no warp
 /// specialization).
 #[inline(always)]
@@ -360,8 +360,8 @@ pub fn run<K: KernelTraits>(
     pingpong: PingPong,
     wg: u32,
     thread_in_wg: u32,
-    kst: &mut PipelineState<KV_STAGES>,
-    vst: &mut PipelineState<KV_STAGES>,
+    k_state: &mut PipelineState<KV_STAGES>,
+    v_state: &mut PipelineState<KV_STAGES>,
     loader: &mut Loader<K>,
     is_loader: bool,
     qf: &QFrags,
@@ -371,7 +371,7 @@ pub fn run<K: KernelTraits>(
         return (K::Out::zeroed(), OnlineSoftmax::new());
     }
     let lane = thread_in_wg % 32;
-    let wg_row0 = tile.row0 + (wg * 64) as i32;
+    let wg_row0 = tile.row0 + (wg * WARPGROUP_ROWS) as i32;
     let row_g = wg_row0 + ((thread_in_wg / 32) * 16 + lane / 4) as i32;
     let steps = Steps::<K> {
         p,
@@ -387,7 +387,7 @@ pub fn run<K: KernelTraits>(
         q: qf,
         pingpong,
         steps,
-        rings: Rings { ops, kst, vst, loader, refills: is_loader, tile },
+        rings: Rings { ops, k_state, v_state, loader, refills: is_loader, tile },
         regs: Registers { s: K::Scores::zeroed(), o: K::Out::zeroed(), p: ProbTile::zeroed() },
         softmax: OnlineSoftmax::new(),
     };
@@ -399,8 +399,8 @@ pub fn run<K: KernelTraits>(
     // would wait for ours (the ablation's hdim 128 skips no block anyway).
     let first = if is_loader || !K::SKIPS_MASKED_BLOCKS { 0 } else { steps.first() };
     for i in 0..first {
-        ops.k.consumer_wait(*ml.rings.kst);
-        ops.v.consumer_wait(*ml.rings.vst);
+        ops.k.consumer_wait(*ml.rings.k_state);
+        ops.v.consumer_wait(*ml.rings.v_state);
         pingpong.begin();
         pingpong.end();
         ml.rings.release_k(i);

@@ -41,7 +41,7 @@ use producer::Loader;
 use scheduler::{HandoffTiles, StaticTiles, TileClaims, TileHandoff, TileOrder, TileSource};
 use storage::{SharedStorage, TensorMaps};
 pub use traits::KernelTraits;
-use traits::{ConsumerRegs, ProducerRegs};
+use traits::{ConsumerRegs, ProducerRegs, WARPGROUP_ROWS, WARPGROUP_THREADS};
 
 /// The kernel body. `tma`: generic address of the descriptor block (q, k, v, o maps).
 #[inline(always)]
@@ -55,7 +55,7 @@ pub unsafe fn fwd<K: KernelTraits>(tma: u64, p: FwdParams) {
     let (peer, multicast_rank) = if K::CLUSTER == 2 { (Some(rank ^ 1), Some(rank)) } else { (None, None) };
     let storage = SharedStorage::new::<K>(peer);
     let handoff = TileHandoff { ring: storage.tile_handoff };
-    let consumer_threads = 128 * K::CONSUMER_WGS;
+    let consumer_threads = WARPGROUP_THREADS * K::CONSUMER_WGS;
     if tid == 0 {
         storage.q.init(consumer_threads);
         storage.k.init(consumer_threads);
@@ -73,8 +73,8 @@ pub unsafe fn fwd<K: KernelTraits>(tma: u64, p: FwdParams) {
     let maps = TensorMaps(tma);
     let mut loader = Loader::<K>::new(maps, &storage, tid == 0, multicast_rank);
     let consumer = Consumer { tma_o: maps.get(TensorMapSlot::O), storage };
-    let wg = tid / 128;
-    let thread_in_wg = tid % 128;
+    let wg = tid / WARPGROUP_THREADS;
+    let thread_in_wg = tid % WARPGROUP_THREADS;
     let order = TileOrder::<K>::new(&p, rank);
     if K::WARP_SPECIALIZED {
         if wg == 0 {
@@ -143,7 +143,7 @@ impl Consumer {
         let q = self.storage.q;
         let o_shares_q = self.storage.o_shares_q;
         let ops = Operands {
-            q_desc: k_major_sw128(q.slot(0).add(sw128_rows(K::BLOCK_M, 0, wg * 64)).0),
+            q_desc: k_major_sw128(q.slot(0).add(sw128_rows(K::BLOCK_M, 0, wg * WARPGROUP_ROWS)).0),
             k: self.storage.k,
             v: self.storage.v,
             // With Q in registers, Q is released once loaded (below), not after the last QK.

@@ -11,6 +11,11 @@ use crate::softmax::{Frag, OnlineSoftmax, mask_columns};
 use common::fa3::{KernelConfig, SmemLayout};
 use core::marker::PhantomData;
 
+/// Threads of a warpgroup (four warps: the unit that issues a WGMMA).
+pub const WARPGROUP_THREADS: u32 = 128;
+/// Query rows of a consumer warpgroup (the M of `wgmma.m64nNk16`).
+pub const WARPGROUP_ROWS: u32 = 64;
+
 /// One FA3 kernel configuration.
 pub trait KernelTraits: Copy + 'static {
     /// The 16-bit element type of Q, K, V and O.
