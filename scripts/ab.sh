@@ -21,6 +21,7 @@ peers=()
 if [ "${PEERS:-1}" = 1 ]; then
   timeout 300 python3 scripts/peers.py --dtype "${DTYPE:-f16}" --csv "$TMP/peers.csv" ${PEER_ARGS:-} > /dev/null 2>&1 || status=1
   peers=("$TMP/peers.csv")
+  cp "$TMP/peers.csv" "$OUT/${LABEL}_peers.csv"
 fi
 python3 scripts/ab.py "$TMP"/*.r*.csv "${peers[@]}" | tee "$OUT/${LABEL}.md"
 # Every round, for the record.

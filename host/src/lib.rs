@@ -21,6 +21,7 @@ pub mod check;
 pub mod error;
 pub mod gpu;
 pub mod plan;
+pub mod plot;
 pub mod reference;
 pub mod tensor;
 pub mod tma;

@@ -10,6 +10,9 @@
 //!
 //! Causal masks are bottom-right aligned: query `i` sees key `j` iff
 //! `j <= i + seqlen_k - seqlen_q`. A row that sees no key gets O = 0 and LSE = +inf.
+/// The backward pass: exact, naive low-precision and tiled (FlashAttention-2/3) gradients.
+pub mod backward;
+
 use crate::tensor::round_to;
 use common::DType;
 use common::fa3::RESCALE_THRESHOLD_LOG2;
