@@ -129,6 +129,20 @@ impl TensorMapSlot {
     }
 }
 
+/// A named place in a kernel's descriptor block ([`TensorMapSlot`] for the forward,
+/// `bwd::BwdTensorMap` for the backward).
+pub trait DescriptorSlot: Copy {
+    /// Byte offset of the map in the descriptor block.
+    fn offset(self) -> u32;
+}
+
+impl DescriptorSlot for TensorMapSlot {
+    #[inline(always)]
+    fn offset(self) -> u32 {
+        TensorMapSlot::offset(self)
+    }
+}
+
 /// Bytes of the TMA descriptor block (q, k, v, o).
 pub const TMA_PARAM_BYTES: u32 = 4 * TMA_DESCRIPTOR_BYTES;
 
@@ -229,8 +243,12 @@ pub const fn key_block(hdim: u32, seqlen_k: u32) -> u32 {
     }
 }
 
-/// The configuration of an FA3 kernel of the table (`None` for FA2 kernels).
+/// The configuration of an FA3 forward kernel of the table (`None` for FA2 and backward
+/// kernels).
 pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
+    if !matches!(k.kind, crate::KernelKind::Forward) {
+        return None;
+    }
     match k.algo {
         Algo::Fa3(techniques) => {
             Some(KernelConfig { hdim: k.hdim, consumer_wgs: k.consumer_wgs, block_n: k.block_n, cluster: k.cluster, techniques })
@@ -397,6 +415,7 @@ macro_rules! fa3_entries {
             KernelEntry {
                 name: stringify!($name),
                 algo: Algo::Fa3(Techniques::$tech),
+                kind: crate::KernelKind::Forward,
                 hdim: $hdim,
                 dtype: DType::$dtype,
                 tma_param_bytes: TMA_PARAM_BYTES,

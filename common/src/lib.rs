@@ -26,6 +26,7 @@ impl DType {
     }
 }
 
+pub mod bwd;
 pub mod fa3;
 pub mod gmma;
 
@@ -38,11 +39,22 @@ pub enum Algo {
     Fa3(fa3::Techniques),
 }
 
+/// What a kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// The forward pass (parameters: [`FwdParams`]).
+    Forward,
+    /// One launch of the backward pass (parameters: [`bwd::BwdParams`]).
+    Backward(bwd::BwdStage),
+}
+
 /// A compiled kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelEntry {
     pub name: &'static str,
+    /// The kernel family (the backward kernels are FA3's).
     pub algo: Algo,
+    pub kind: KernelKind,
     pub hdim: u32,
     pub dtype: DType,
     /// Bytes of the leading `.param` that holds TMA descriptors, which the PTX builder
@@ -81,6 +93,7 @@ macro_rules! fa2_entries {
         &[$(KernelEntry {
             name: stringify!($name),
             algo: Algo::Fa2,
+            kind: KernelKind::Forward,
             hdim: $hdim,
             dtype: DType::$dtype,
             tma_param_bytes: 0,
@@ -94,21 +107,34 @@ macro_rules! fa2_entries {
 
 const FA2_KERNELS: &[KernelEntry] = fa2_kernel_table!(fa2_entries);
 
-/// Every kernel the PTX module exports: the FA2 and FA3 tables. The kernel crate's entry
-/// points are generated from the same tables (the PTX builder checks both directions).
-pub const KERNELS: [KernelEntry; FA2_KERNELS.len() + fa3::KERNELS.len()] = {
-    let mut all = [FA2_KERNELS[0]; FA2_KERNELS.len() + fa3::KERNELS.len()];
-    let mut i = 0;
-    while i < FA2_KERNELS.len() {
-        all[i] = FA2_KERNELS[i];
-        i += 1;
-    }
-    while i < all.len() {
-        all[i] = fa3::KERNELS[i - FA2_KERNELS.len()];
-        i += 1;
+/// Every kernel the PTX module exports: the FA2, FA3 and backward tables. The kernel
+/// crate's entry points are generated from the same tables (the PTX builder checks both
+/// directions).
+pub const KERNELS: [KernelEntry; FA2_KERNELS.len() + fa3::KERNELS.len() + bwd::KERNELS.len()] = {
+    let mut all = [FA2_KERNELS[0]; FA2_KERNELS.len() + fa3::KERNELS.len() + bwd::KERNELS.len()];
+    let tables: [&[KernelEntry]; 3] = [FA2_KERNELS, fa3::KERNELS, bwd::KERNELS];
+    let (mut i, mut t) = (0, 0);
+    while t < tables.len() {
+        let mut j = 0;
+        while j < tables[t].len() {
+            all[i] = tables[t][j];
+            i += 1;
+            j += 1;
+        }
+        t += 1;
     }
     all
 };
+
+impl KernelEntry {
+    /// Bytes of the by-value parameter block the kernel takes after its TMA descriptors.
+    pub const fn params_bytes(&self) -> usize {
+        match self.kind {
+            KernelKind::Forward => core::mem::size_of::<FwdParams>(),
+            KernelKind::Backward(_) => core::mem::size_of::<bwd::BwdParams>(),
+        }
+    }
+}
 
 /// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none) over
 /// `seqlen_k` keys (FA3 picks its key block by it, [`fa3::key_block`]).
@@ -118,7 +144,8 @@ pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: 
         Algo::Fa3(_) => (fa3::consumer_wgs(hdim), fa3::key_block(hdim, seqlen_k)),
     };
     KERNELS.iter().find(|k| {
-        k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster && k.consumer_wgs == wgs && k.block_n == block_n
+        k.kind == KernelKind::Forward
+            && k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster && k.consumer_wgs == wgs && k.block_n == block_n
     })
 }
 

@@ -17,8 +17,11 @@ pub fn fwd_flops(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, h
 /// Per-launch times of one configuration, milliseconds.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
+    /// Median of the timed launches.
     pub median_ms: f64,
+    /// Fastest timed launch.
     pub min_ms: f64,
+    /// Slowest timed launch.
     pub max_ms: f64,
     /// Host time per call (validation, tensor maps, launch), averaged over the timed loop.
     pub host_us: f64,

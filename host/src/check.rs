@@ -11,13 +11,19 @@ pub const LSE_SLACK: f64 = 1e-4;
 /// Errors of a kernel and of the naive low-precision implementation, both against f64.
 #[derive(Clone, Copy, Debug)]
 pub struct CheckReport {
+    /// Largest absolute error of the kernel's O.
     pub o_err: f64,
+    /// Largest absolute error of the naive O ([`attention_lowp`]).
     pub o_err_naive: f64,
+    /// Largest absolute error of the kernel's LSE.
     pub lse_err: f64,
+    /// Largest absolute error of the naive LSE.
     pub lse_err_naive: f64,
 }
 
 impl CheckReport {
+    /// Whether O and LSE are both within budget: at most twice the naive error plus
+    /// [`O_SLACK`] or [`LSE_SLACK`].
     pub fn passed(&self) -> bool {
         within_budget(self.o_err, self.o_err_naive, O_SLACK) && within_budget(self.lse_err, self.lse_err_naive, LSE_SLACK)
     }

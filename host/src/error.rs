@@ -5,10 +5,15 @@ use std::fmt;
 /// Which argument of an attention call an error is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arg {
+    /// The queries `q`.
     Q,
+    /// The keys `k`.
     K,
+    /// The values `v`.
     V,
+    /// The output O (`out`).
     Out,
+    /// The log-sum-exp output (`lse`).
     Lse,
 }
 
@@ -30,35 +35,101 @@ pub enum AttnError {
     /// `libcuda` could not be loaded: no NVIDIA driver on this machine.
     NoDriver,
     /// The driver loaded but reports no usable GPU (or the ordinal is out of range).
-    NoDevice { ordinal: usize, detail: String },
-    /// The GPU is older than Hopper (sm_90); the kernels use sm_90a instructions.
-    UnsupportedGpu { name: String, major: i32, minor: i32 },
+    NoDevice {
+        /// The device ordinal asked for.
+        ordinal: usize,
+        /// The driver's reason.
+        detail: String,
+    },
+    /// The GPU is not a Hopper (sm_90) part: the kernels use sm_90a instructions, which
+    /// only sm_90 runs.
+    UnsupportedGpu {
+        /// The device's name, as the driver reports it.
+        name: String,
+        /// Compute capability, major version.
+        major: i32,
+        /// Compute capability, minor version.
+        minor: i32,
+    },
     /// The embedded PTX could not be loaded or a kernel is missing from it.
     KernelLoad(String),
     /// A CUDA driver call failed.
     Driver(cudarc::driver::DriverError),
     /// A dimension is zero.
-    EmptyDim { arg: Arg, shape: [usize; 4] },
+    EmptyDim {
+        /// The tensor with the empty dimension.
+        arg: Arg,
+        /// Its shape, `[batch, seqlen, heads, hdim]`.
+        shape: [usize; 4],
+    },
     /// Shapes of q, k, v (or out/lse) do not fit together.
     ShapeMismatch(String),
     /// Head dimension without a kernel.
-    UnsupportedHeadDim { hdim: usize, supported: &'static [u32] },
+    UnsupportedHeadDim {
+        /// q's head dimension.
+        hdim: usize,
+        /// The head dimensions that have kernels.
+        supported: &'static [u32],
+    },
     /// `heads_q` must be a multiple of `heads_k` (GQA/MQA).
-    HeadsNotDivisible { heads_q: usize, heads_k: usize },
-    DTypeMismatch { q: DType, k: DType, v: DType },
+    HeadsNotDivisible {
+        /// Heads of q.
+        heads_q: usize,
+        /// Heads of k and v.
+        heads_k: usize,
+    },
+    /// q, k and v do not share one dtype.
+    DTypeMismatch {
+        /// q's dtype.
+        q: DType,
+        /// k's dtype.
+        k: DType,
+        /// v's dtype.
+        v: DType,
+    },
     /// The output's dtype differs from q's.
-    OutDType { q: DType, out: DType },
+    OutDType {
+        /// q's dtype, which the output must have.
+        q: DType,
+        /// The output's dtype.
+        out: DType,
+    },
     /// The head dimension must be contiguous (stride 1).
-    NonContiguousLastDim { arg: Arg, stride: usize },
-    /// Base address or a stride breaks the 16-byte alignment the loads need.
-    Misaligned { arg: Arg, detail: String },
+    NonContiguousLastDim {
+        /// The tensor whose head dimension is strided.
+        arg: Arg,
+        /// Its head-dimension stride, in elements.
+        stride: usize,
+    },
+    /// Base address or a stride breaks the alignment the loads need: 16 bytes for q, k,
+    /// v and out (address, and batch, seqlen and heads strides), 4 for the LSE address.
+    Misaligned {
+        /// The misaligned tensor.
+        arg: Arg,
+        /// Which address or stride, and the alignment it misses.
+        detail: String,
+    },
     /// The strided extent reaches past the end of the buffer.
-    OutOfBounds { arg: Arg, needed: usize, len: usize },
+    OutOfBounds {
+        /// The tensor that does not fit its buffer.
+        arg: Arg,
+        /// Elements the shape and strides reach (one past the largest index).
+        needed: usize,
+        /// Elements in the buffer.
+        len: usize,
+    },
     /// A size is beyond what one launch can address.
     TooLarge(String),
     /// No kernel of the requested family for this head dim and dtype (the FA3 ablation
     /// variants exist for hdim 128 fp16 only).
-    NoKernel { algo: common::Algo, hdim: usize, dtype: DType },
+    NoKernel {
+        /// The kernel family asked for.
+        algo: common::Algo,
+        /// q's head dimension.
+        hdim: usize,
+        /// q's dtype.
+        dtype: DType,
+    },
     /// `softmax_scale` is NaN, infinite or negative.
     InvalidScale(f32),
     /// The options ask for something the chosen kernel cannot do.
@@ -128,4 +199,5 @@ impl From<cudarc::driver::DriverError> for AttnError {
     }
 }
 
+/// The result of every fallible host API call.
 pub type Result<T> = std::result::Result<T, AttnError>;

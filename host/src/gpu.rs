@@ -14,13 +14,20 @@ pub static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 /// What the host learned about the GPU.
 #[derive(Clone, Debug)]
 pub struct GpuInfo {
+    /// The device ordinal it was opened with.
     pub ordinal: usize,
+    /// The device's name, as the driver reports it.
     pub name: String,
+    /// Compute capability, major version (9 on Hopper).
     pub major: i32,
+    /// Compute capability, minor version (0 on Hopper).
     pub minor: i32,
+    /// Streaming multiprocessors; a persistent grid launches at most one CTA per SM.
     pub sm_count: u32,
     /// Largest dynamic shared memory a CTA may opt into, bytes.
     pub max_smem_per_block: u32,
+    /// CUDA driver version as `cuDriverGetVersion` gives it: `1000 * major + 10 * minor`
+    /// (12040 for 12.4).
     pub driver_version: i32,
 }
 
@@ -162,10 +169,13 @@ impl Gpu {
         Ok(Gpu { ctx, _module: module, functions, info, counters: Mutex::new(TileCounters::default()) })
     }
 
+    /// What was learned about the GPU when it was opened.
     pub fn info(&self) -> &GpuInfo {
         &self.info
     }
 
+    /// The CUDA context the kernels are loaded in; the streams given to the attention
+    /// calls must belong to it (see [`Gpu::new_stream`]).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

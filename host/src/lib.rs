@@ -1,3 +1,4 @@
+#![deny(missing_docs)]
 //! FlashAttention for NVIDIA Hopper, with the GPU kernels written in Rust.
 //!
 //! ```no_run

@@ -51,18 +51,23 @@ pub enum Schedule {
 }
 
 impl AttnOptions {
+    /// Turns the bottom-right-aligned causal mask on or off.
     pub fn causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
     }
+    /// Scales `QK^T` by `scale` instead of `1 / sqrt(hdim)`; it must be finite and
+    /// non-negative, or the call fails with [`AttnError::InvalidScale`].
     pub fn softmax_scale(mut self, scale: f32) -> Self {
         self.softmax_scale = Some(scale);
         self
     }
+    /// Picks the kernel family instead of FlashAttention-3 with every technique.
     pub fn algo(mut self, algo: Algo) -> Self {
         self.algo = Some(algo);
         self
     }
+    /// Picks how FA3 tiles are spread over the GPU instead of [`Schedule::Auto`].
     pub fn schedule(mut self, schedule: Schedule) -> Self {
         self.schedule = schedule;
         self
@@ -72,7 +77,9 @@ impl AttnOptions {
 /// What validation needs to know about one tensor argument.
 #[derive(Clone, Copy, Debug)]
 pub struct TensorDesc {
+    /// Element type.
     pub dtype: DType,
+    /// Shape and element strides.
     pub layout: Layout,
     /// Device address of element 0.
     pub addr: u64,
@@ -83,10 +90,17 @@ pub struct TensorDesc {
 /// A checked launch: kernel, grid and the parameter block (device addresses filled in).
 #[derive(Clone, Copy, Debug)]
 pub struct FwdPlan {
+    /// The kernel to launch.
     pub kernel: &'static KernelEntry,
+    /// Its by-value parameter block; with a tile counter, `tile_counter` and
+    /// `tile_counter_base` are left 0 here and filled in at launch.
     pub params: FwdParams,
+    /// Grid in CTAs, `(x, y, z)`. A persistent cluster grid is cut at launch to the
+    /// clusters that can run at once.
     pub grid: (u32, u32, u32),
+    /// Threads per CTA.
     pub block: u32,
+    /// Dynamic shared memory per CTA, bytes.
     pub smem_bytes: u32,
     /// TMA maps of q, k, v, o (FA3 kernels).
     pub tma: Option<[TensorMapSpec; 4]>,

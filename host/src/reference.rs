@@ -10,7 +10,6 @@
 //!
 //! Causal masks are bottom-right aligned: query `i` sees key `j` iff
 //! `j <= i + seqlen_k - seqlen_q`. A row that sees no key gets O = 0 and LSE = +inf.
-/// The backward pass: exact, naive low-precision and tiled (FlashAttention-2/3) gradients.
 pub mod backward;
 
 use crate::tensor::round_to;
@@ -22,11 +21,14 @@ use rand_distr::{Distribution, Normal};
 /// A packed host tensor `[batch, seqlen, heads, hdim]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// `[batch, seqlen, heads, hdim]`.
     pub shape: [usize; 4],
+    /// The values in packed row-major order, as many as the shape holds.
     pub data: Vec<f32>,
 }
 
 impl HostTensor {
+    /// Wraps packed row-major `data`; panics if its length does not match `shape`.
     pub fn new(shape: [usize; 4], data: Vec<f32>) -> Self {
         assert_eq!(shape.iter().product::<usize>(), data.len(), "data does not match shape {shape:?}");
         HostTensor { shape, data }
@@ -56,10 +58,15 @@ pub fn rng(seed: u64) -> StdRng {
 /// One attention problem on host tensors.
 #[derive(Clone, Copy, Debug)]
 pub struct Problem<'a> {
+    /// Queries, `[batch, seqlen_q, heads_q, hdim]`.
     pub q: &'a HostTensor,
+    /// Keys, `[batch, seqlen_k, heads_k, hdim]` with `heads_q` a multiple of `heads_k`.
     pub k: &'a HostTensor,
+    /// Values, k's shape.
     pub v: &'a HostTensor,
+    /// Causal mask, aligned to the bottom-right corner of the score matrix.
     pub causal: bool,
+    /// Softmax scale of `QK^T`.
     pub scale: f32,
 }
 
@@ -86,7 +93,10 @@ impl Problem<'_> {
 /// Output O (packed like q) and LSE (`[batch, heads_q, seqlen_q]`).
 #[derive(Clone, Debug)]
 pub struct AttnResult<T> {
+    /// O, `[batch, seqlen_q, heads_q, hdim]`.
     pub o: Vec<T>,
+    /// Natural-log LSE of each query row, `[batch, heads_q, seqlen_q]`; `+inf` for a row
+    /// that sees no key.
     pub lse: Vec<T>,
 }
 
@@ -200,7 +210,9 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
 /// Tile shape of [`attention_tiled`], and its rescaling rule.
 #[derive(Clone, Copy, Debug)]
 pub struct Tiling {
+    /// Query rows per tile.
     pub block_m: usize,
+    /// Keys per tile.
     pub block_n: usize,
     /// Keep a row's running max until its scores exceed it by more than
     /// [`RESCALE_THRESHOLD_LOG2`] (the FA3 kernels' lazy rescaling); else move it with

@@ -14,8 +14,11 @@ mod sealed {
 
 /// An element type the kernels compute on: `half::f16` or `half::bf16`.
 pub trait Element: sealed::Sealed + DeviceRepr + ValidAsZeroBits + Copy + Send + Sync + 'static {
+    /// The matching [`DType`].
     const DTYPE: DType;
+    /// Widens to f32 (exact).
     fn to_f32(self) -> f32;
+    /// Rounds an f32 to the nearest value of this type (round to nearest even).
     fn from_f32(v: f32) -> Self;
     #[doc(hidden)]
     fn slice_ref(s: &CudaSlice<Self>) -> SliceRef<'_>;
@@ -66,7 +69,9 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
 /// Shape `[batch, seqlen, heads, hdim]` and strides in elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
+    /// `[batch, seqlen, heads, hdim]`.
     pub shape: [usize; 4],
+    /// Stride of each dimension, in elements (not bytes).
     pub strides: [usize; 4],
 }
 
@@ -88,6 +93,7 @@ impl Layout {
         })
     }
 
+    /// Number of elements the shape holds (its product; not the extent).
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -155,6 +161,7 @@ impl SliceMut<'_> {
 /// A read-only view of a device buffer as a 4-D tensor.
 pub struct TensorRef<'a> {
     pub(crate) slice: SliceRef<'a>,
+    /// Shape and element strides of the view.
     pub layout: Layout,
 }
 
@@ -169,6 +176,7 @@ impl<'a> TensorRef<'a> {
         TensorRef { slice: T::slice_ref(data), layout: Layout::contiguous(shape) }
     }
 
+    /// Element type of the buffer.
     pub fn dtype(&self) -> DType {
         self.slice.dtype()
     }
@@ -182,22 +190,27 @@ impl<'a> TensorRef<'a> {
 /// A writable view of a device buffer as a 4-D tensor.
 pub struct TensorMut<'a> {
     pub(crate) slice: SliceMut<'a>,
+    /// Shape and element strides of the view.
     pub layout: Layout,
 }
 
 impl<'a> TensorMut<'a> {
+    /// A strided view; checked against the buffer when used.
     pub fn new<T: Element>(data: &'a mut CudaSlice<T>, shape: [usize; 4], strides: [usize; 4]) -> Self {
         TensorMut { slice: T::slice_mut(data), layout: Layout { shape, strides } }
     }
 
+    /// A packed row-major view.
     pub fn contiguous<T: Element>(data: &'a mut CudaSlice<T>, shape: [usize; 4]) -> Self {
         TensorMut { slice: T::slice_mut(data), layout: Layout::contiguous(shape) }
     }
 
+    /// Element type of the buffer.
     pub fn dtype(&self) -> DType {
         self.slice.dtype()
     }
 
+    /// Elements in the underlying buffer.
     pub fn buffer_len(&self) -> usize {
         self.slice.len()
     }
@@ -205,7 +218,9 @@ impl<'a> TensorMut<'a> {
 
 /// An owned device tensor of either element type.
 pub enum DeviceTensor {
+    /// An f16 buffer and the layout of the tensor in it.
     F16(CudaSlice<f16>, Layout),
+    /// A bf16 buffer and the layout of the tensor in it.
     BF16(CudaSlice<bf16>, Layout),
 }
 
@@ -273,12 +288,14 @@ impl DeviceTensor {
         })
     }
 
+    /// Shape and element strides.
     pub fn layout(&self) -> Layout {
         match self {
             DeviceTensor::F16(_, l) | DeviceTensor::BF16(_, l) => *l,
         }
     }
 
+    /// Element type.
     pub fn dtype(&self) -> DType {
         match self {
             DeviceTensor::F16(..) => DType::F16,
@@ -286,6 +303,7 @@ impl DeviceTensor {
         }
     }
 
+    /// A read-only view of the tensor, with its layout.
     pub fn as_ref(&self) -> TensorRef<'_> {
         match self {
             DeviceTensor::F16(s, l) => TensorRef::new(s, l.shape, l.strides),
@@ -293,6 +311,7 @@ impl DeviceTensor {
         }
     }
 
+    /// A writable view of the tensor, with its layout.
     pub fn as_mut(&mut self) -> TensorMut<'_> {
         match self {
             DeviceTensor::F16(s, l) => TensorMut::new(s, l.shape, l.strides),

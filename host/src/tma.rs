@@ -15,11 +15,15 @@ use cudarc::driver::sys;
 /// Everything `cuTensorMapEncodeTiled` is given (checked on the host before the call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorMapSpec {
+    /// Element type (16-bit either way).
     pub dtype: DType,
+    /// Device address of element 0 (TMA needs it 16-byte aligned).
     pub addr: u64,
+    /// Extents in elements, innermost first: `(64, seqlen, hdim/64, heads, batch)`.
     pub dims: [u64; 5],
     /// Byte strides of dims 1..5 (dim 0 is contiguous).
     pub strides: [u64; 4],
+    /// The box one copy moves, in elements of each dim: `(64, rows, chunks, 1, 1)`.
     pub box_dims: [u32; 5],
 }
 

@@ -15,6 +15,10 @@ pub trait Element {
     fn wgmma_rs_mn<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool);
     /// `wgmma` with A from registers and a K-major B from shared memory.
     fn wgmma_rs_k<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool);
+    /// `wgmma` with A and B both MN-major in shared memory (tiles stored K-row by K-row).
+    fn wgmma_ss_mn_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool);
+    /// Unpacks one register of two elements into `f32`, the one first in memory first.
+    fn unpack2(v: u32) -> [f32; 2];
 }
 
 /// The A operand (m16n8k16 `mma.sync` or `m64nNk16` RS `wgmma`) for keys
@@ -48,6 +52,14 @@ impl Element for F16 {
     fn wgmma_rs_k<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
         acc.rs_f16::<0>(a, desc_b, scale_d)
     }
+    #[inline(always)]
+    fn wgmma_ss_mn_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool) {
+        acc.ss_f16_mn_a::<1>(desc_a, desc_b, scale_d)
+    }
+    #[inline(always)]
+    fn unpack2(v: u32) -> [f32; 2] {
+        math::unpack_f16x2(v)
+    }
 }
 
 impl Element for BF16 {
@@ -70,5 +82,14 @@ impl Element for BF16 {
     #[inline(always)]
     fn wgmma_rs_k<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
         acc.rs_bf16::<0>(a, desc_b, scale_d)
+    }
+    #[inline(always)]
+    fn wgmma_ss_mn_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool) {
+        acc.ss_bf16_mn_a::<1>(desc_a, desc_b, scale_d)
+    }
+    #[inline(always)]
+    fn unpack2(v: u32) -> [f32; 2] {
+        // bf16 is the upper half of an f32: widening is a shift.
+        [f32::from_bits(v << 16), f32::from_bits(v & 0xFFFF_0000)]
     }
 }

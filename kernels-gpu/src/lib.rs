@@ -3,7 +3,8 @@
 //! - [`ptx`]: one typed wrapper per PTX instruction family (the only inline asm);
 //! - [`softmax`]: the online softmax on tensor-core accumulator fragments;
 //! - [`fa2`]: the FlashAttention-2 forward on `mma.sync`;
-//! - [`fa3`]: the FlashAttention-3 forward on TMA, mbarriers, WGMMA and `setmaxnreg`.
+//! - [`fa3`]: the FlashAttention-3 forward on TMA, mbarriers, WGMMA and `setmaxnreg`;
+//! - [`bwd`]: the FlashAttention-3 backward, on the forward's parts.
 //!
 //! The exported entry points are generated from the kernel tables in `common`
 //! (`fa2_kernel_table!`, `fa3_kernel_table!`), which also make the host's `common::KERNELS`.
@@ -12,12 +13,14 @@
 #![allow(internal_features)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod bwd;
 pub mod element;
 pub mod fa2;
 pub mod fa3;
 pub mod ptx;
 pub mod softmax;
 
+use common::bwd::BwdParams;
 use common::{FwdParams, TmaDescriptors};
 
 #[cfg(target_arch = "nvptx64")]
@@ -72,3 +75,43 @@ macro_rules! fa3_entries {
 }
 
 common::fa3_kernel_table!(fa3_entries);
+
+/// The backward entry points, from `common::bwd_kernel_table`.
+macro_rules! bwd_entries {
+    ($($name:ident => $dtype:ident, hdim $d:literal, $stage:ident;)*) => {$(
+        bwd_entries!(@ $stage $name, $dtype, $d);
+    )*};
+    (@ Preprocess $name:ident, $dtype:ident, $d:literal) => {
+        /// Backward preprocess; grid `(padded rows / 64, heads_q, batch)`, 256 threads.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
+            unsafe { bwd::preprocess::preprocess::<element::$dtype, $d>(p) }
+        }
+    };
+    (@ Postprocess $name:ident, $dtype:ident, $d:literal) => {
+        /// Backward postprocess; grid `(ceil(seqlen_q / 64), heads_q, batch)`, 256 threads.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
+            unsafe { bwd::postprocess::postprocess::<element::$dtype, $d>(p) }
+        }
+    };
+    (@ Main $name:ident, $dtype:ident, $d:literal) => {
+        /// Backward main kernel; grid `(key blocks, heads_k, batch)`, 384 threads. The TMA
+        /// descriptors (q, k, v, dO) are read through the parameter's address.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(_tma: TmaDescriptors, p: BwdParams) {
+            #[derive(Clone, Copy)]
+            struct Traits;
+            impl bwd::BwdTraits for Traits {
+                type Element = element::$dtype;
+                type Scores = [softmax::Frag; common::bwd::block_m($d) as usize / 8];
+                type KeyGrads = [softmax::Frag; $d / 8];
+                const HDIM: u32 = $d;
+            }
+            let tma = kernel_param0_address!($name);
+            unsafe { bwd::bwd::<Traits>(tma, p) }
+        }
+    };
+}
+
+common::bwd_kernel_table!(bwd_entries);

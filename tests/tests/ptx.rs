@@ -27,10 +27,11 @@ fn targets_sm90a_and_exports_every_kernel() -> Result<(), Failed> {
     Ok(())
 }
 
-/// The host passes `FwdParams` by value: its size must be what the PTX declares.
+/// The host passes `FwdParams` (forward) or `BwdParams` (backward) by value: its size
+/// must be what the PTX declares.
 fn param_block_matches_the_host_struct() -> Result<(), Failed> {
-    let size = std::mem::size_of::<common::FwdParams>();
     for k in &common::KERNELS {
+        let size = k.params_bytes();
         let mut decls = vec![];
         if k.tma_param_bytes == 0 {
             decls.push(format!(".b8 {}_param_0[{size}]", k.name));
@@ -53,7 +54,7 @@ fn param_block_matches_the_host_struct() -> Result<(), Failed> {
 /// `setmaxnreg` with the launch bounds that make it take effect, and with pingpong the
 /// `bar.arrive` turns.
 fn fa3_kernels_use_hopper_instructions() -> Result<(), Failed> {
-    for k in common::KERNELS.iter().filter(|k| matches!(k.algo, common::Algo::Fa3(_))) {
+    for k in common::KERNELS.iter().filter(|k| matches!(k.algo, common::Algo::Fa3(_)) && k.kind == common::KernelKind::Forward) {
         let start = PTX.find(&format!(".entry {}(", k.name)).ok_or("entry missing")?;
         let body = &PTX[start..];
         let body = &body[..body.find("\n}").ok_or("unterminated entry")?];
@@ -70,6 +71,35 @@ fn fa3_kernels_use_hopper_instructions() -> Result<(), Failed> {
         if k.cluster > 1 {
             needed.extend(["multicast::cluster", "mapa.shared::cluster", "barrier.cluster.wait", ".reqnctapercluster"]);
         }
+        if let Some(missing) = needed.iter().find(|n| !body.contains(*n)) {
+            return Err(format!("{}: no `{missing}` in its PTX", k.name).into());
+        }
+    }
+    Ok(())
+}
+
+/// The backward's main kernels use the same machinery: TMA tensor and bulk copies,
+/// mbarrier waits, WGMMA (SS with both operands transposed for dQ, RS with a transposed
+/// B for dK and dV), `setmaxnreg`, named barriers, and fp32 reductions for dQ.
+fn backward_kernels_use_hopper_instructions() -> Result<(), Failed> {
+    let main = common::KernelKind::Backward(common::bwd::BwdStage::Main);
+    for k in common::KERNELS.iter().filter(|k| k.kind == main) {
+        let start = PTX.find(&format!(".entry {}(", k.name)).ok_or("entry missing")?;
+        let body = &PTX[start..];
+        let body = &body[..body.find("\n}").ok_or("unterminated entry")?];
+        let needed = [
+            "cp.async.bulk.tensor",
+            "cp.async.bulk.shared::cluster.global",
+            "mbarrier.try_wait",
+            "wgmma.mma_async",
+            "p, 1, 1, 1, 1;",
+            "setmaxnreg.dec",
+            "setmaxnreg.inc",
+            "bar.sync",
+            "red.relaxed.gpu.global.add.f32",
+            "ld.acquire.gpu",
+            ".maxntid",
+        ];
         if let Some(missing) = needed.iter().find(|n| !body.contains(*n)) {
             return Err(format!("{}: no `{missing}` in its PTX", k.name).into());
         }
@@ -169,7 +199,7 @@ fn sass_of(nvdisasm: &Path, a: &Assembly) -> Result<Vec<(String, Code)>, Failed>
 fn q_fragments_survive_the_driver_jit(ptxas: PathBuf, nvdisasm: PathBuf) -> Result<(), Failed> {
     let code = sass_of(&nvdisasm, shipped(&ptxas, Ptxas::DriverJit)?)?;
     let mut problems = Vec::new();
-    for k in common::KERNELS.iter().filter(|k| matches!(k.algo, common::Algo::Fa3(_))) {
+    for k in common::KERNELS.iter().filter(|k| matches!(k.algo, common::Algo::Fa3(_)) && k.kind == common::KernelKind::Forward) {
         let Some((_, kernel)) = code.iter().find(|(n, _)| n == k.name) else {
             problems.push(format!("{}: not in the SASS", k.name));
             continue;
@@ -262,6 +292,7 @@ fn main() {
         Trial::test("kernels_cannot_panic", kernels_cannot_panic),
         Trial::test("param_block_matches_the_host_struct", param_block_matches_the_host_struct),
         Trial::test("fa3_kernels_use_hopper_instructions", fa3_kernels_use_hopper_instructions),
+        Trial::test("backward_kernels_use_hopper_instructions", backward_kernels_use_hopper_instructions),
         tool_trial(
             "assembles_for_sm90a_without_spills_or_stack",
             ptx_builder::find_ptxas(),

@@ -1,5 +1,5 @@
-//! The named barriers (`bar.sync` / `bar.arrive` ids 1..16) of the FA3 kernels, in one
-//! enum so that no two roles can share an id by accident. Each role that is per consumer
+//! The named barriers (`bar.sync` / `bar.arrive` ids 1..16) of the FA3 kernels, forward
+//! and backward, in one enum so that no two roles can share an id by accident. Each role that is per consumer
 //! warpgroup owns [`MAX_CONSUMER_WGS`] consecutive ids from its variant's value; id 0 is
 //! `__syncthreads`.
 use crate::ptx::barrier;
@@ -15,10 +15,19 @@ pub enum NamedBarrier {
     /// Ids 4..=6: a consumer warpgroup's turn to issue GEMMs (pingpong, 256 threads: the
     /// warpgroup that waits and the one that hands over).
     PingPong = 1 + MAX_CONSUMER_WGS,
+    /// Backward: every consumer thread is done reading the previous step's `dSᵀ` (its dQ
+    /// product waited for), so it may be overwritten (both warpgroups, 256 threads).
+    DsFree = 1 + 2 * MAX_CONSUMER_WGS,
+    /// Backward: both warpgroups wrote their rows of this step's `dSᵀ` (256 threads).
+    DsReady = 1 + 3 * MAX_CONSUMER_WGS,
+    /// Backward, deterministic mode: it is this CTA's turn to add to a query block's dQ,
+    /// and then its additions are all issued (256 threads).
+    DqTurn = 1 + 4 * MAX_CONSUMER_WGS,
 }
 
 /// Every role, for the check below.
-const ROLES: [NamedBarrier; 2] = [NamedBarrier::Epilogue, NamedBarrier::PingPong];
+const ROLES: [NamedBarrier; 5] =
+    [NamedBarrier::Epilogue, NamedBarrier::PingPong, NamedBarrier::DsFree, NamedBarrier::DsReady, NamedBarrier::DqTurn];
 
 // The id ranges are disjoint and inside 1..16.
 const _: () = {
@@ -42,7 +51,7 @@ impl NamedBarrier {
     pub const fn threads(self) -> u32 {
         match self {
             NamedBarrier::Epilogue => WARPGROUP_THREADS,
-            NamedBarrier::PingPong => 2 * WARPGROUP_THREADS,
+            NamedBarrier::PingPong | NamedBarrier::DsFree | NamedBarrier::DsReady | NamedBarrier::DqTurn => 2 * WARPGROUP_THREADS,
         }
     }
 

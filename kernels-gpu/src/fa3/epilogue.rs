@@ -42,23 +42,12 @@ pub fn store<K: KernelTraits>(
     let warp = thread_in_wg / 32;
     let lane = thread_in_wg % 32;
     let (g, t) = (lane / 4, lane % 4);
-    // stmatrix x4 per two n-tiles: matrices (rows 0-7, n-tile j), (rows 8-15, j),
-    // (rows 0-7, j + 1), (rows 8-15, j + 1) of this warp's 16 rows; this lane addresses
-    // row `lane % 8` of matrix `lane / 8`.
     // Fragments of O: 8 columns each.
     const { assert!(K::HDIM % 16 == 0) };
     let frags = (K::HDIM / 8) as usize;
-    let m = lane / 8;
-    let row = wg * WARPGROUP_ROWS + warp * 16 + (m % 2) * 8 + lane % 8;
     // n-tile j, row g + 8r: normalised and rounded to the output type.
     let packed = |j: usize, r: usize| K::Element::pack2(o.frag(j)[2 * r] * inv[r], o.frag(j)[2 * r + 1] * inv[r]);
-    for j in (0..frags).step_by(2) {
-        let col = 8 * (j as u32 + m / 2);
-        let r = [packed(j, 0), packed(j, 1), packed(j + 1, 0), packed(j + 1, 1)];
-        // SAFETY: 16 B rows inside this warpgroup's rows of the staging tile; 16 B aligned
-        // (a whole swizzle unit).
-        unsafe { smem::stmatrix_x4(o_smem.add(sw128_offset(K::BLOCK_M, row, col)), r) };
-    }
+    stage_swizzled(o_smem, K::BLOCK_M, wg * WARPGROUP_ROWS, warp, lane, frags, packed);
     // The TMA store reads through the async proxy.
     fence::proxy_async_shared();
     NamedBarrier::Epilogue.sync(wg);
@@ -110,6 +99,27 @@ pub fn store<K: KernelTraits>(
         }
         NamedBarrier::Epilogue.sync(wg);
         q_empty.arrive();
+    }
+}
+
+/// Writes a warpgroup's accumulator tile (64 rows, `frags` n-tiles of 8 columns, each
+/// element pair packed by `packed(n_tile, row_half)`) into rows `row0..row0 + 64` of a
+/// 128 B-swizzled tile of `tile_rows` rows (64-column chunks stacked, as TMA and WGMMA
+/// read it), with `stmatrix`. Every thread of the warpgroup takes part, as lane `lane`
+/// of warp `warp` (of the warpgroup).
+#[inline(always)]
+pub fn stage_swizzled(tile: SmemAddr, tile_rows: u32, row0: u32, warp: u32, lane: u32, frags: usize, packed: impl Fn(usize, usize) -> u32) {
+    // stmatrix x4 per two n-tiles: matrices (rows 0-7, n-tile j), (rows 8-15, j),
+    // (rows 0-7, j + 1), (rows 8-15, j + 1) of this warp's 16 rows; this lane addresses
+    // row `lane % 8` of matrix `lane / 8`.
+    let m = lane / 8;
+    let row = row0 + warp * 16 + (m % 2) * 8 + lane % 8;
+    for j in (0..frags).step_by(2) {
+        let col = 8 * (j as u32 + m / 2);
+        let r = [packed(j, 0), packed(j, 1), packed(j + 1, 0), packed(j + 1, 1)];
+        // SAFETY: 16 B rows inside this warpgroup's rows of the staging tile; 16 B aligned
+        // (a whole swizzle unit).
+        unsafe { smem::stmatrix_x4(tile.add(sw128_offset(tile_rows, row, col)), r) };
     }
 }
 

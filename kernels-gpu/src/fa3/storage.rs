@@ -7,7 +7,7 @@ use super::traits::KernelTraits;
 use crate::ptx::compiler::opaque_u64;
 use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
 use crate::ptx::tma::TensorMap;
-use common::fa3::{KV_STAGES, MAX_SMEM, SMEM_ALIGN, TILE_HANDOFF_STAGES, TensorMapSlot};
+use common::fa3::{DescriptorSlot, KV_STAGES, MAX_SMEM, SMEM_ALIGN, TILE_HANDOFF_STAGES};
 
 #[derive(Clone, Copy)]
 pub struct SharedStorage {
@@ -42,7 +42,7 @@ impl SharedStorage {
     }
 }
 
-/// The kernel's TMA descriptor block (its first parameter, `common::TmaDescriptors`),
+/// A kernel's TMA descriptor block (its first parameter, `common::TmaDescriptors`),
 /// by generic address: the descriptors are read in place, never copied.
 #[derive(Clone, Copy)]
 pub struct TensorMaps(pub u64);
@@ -50,14 +50,14 @@ pub struct TensorMaps(pub u64);
 impl TensorMaps {
     /// One map.
     #[inline(always)]
-    pub fn get(self, slot: TensorMapSlot) -> TensorMap {
+    pub fn get(self, slot: impl DescriptorSlot) -> TensorMap {
         TensorMap(self.0 + slot.offset() as u64)
     }
 
     /// One map, its address derived at each use: the producer thread runs on 24
     /// registers and cannot hold three 64-bit addresses for the whole kernel.
     #[inline(always)]
-    pub fn get_rederived(self, slot: TensorMapSlot) -> TensorMap {
+    pub fn get_rederived(self, slot: impl DescriptorSlot) -> TensorMap {
         TensorMap(opaque_u64(self.0) + slot.offset() as u64)
     }
 }

@@ -79,9 +79,13 @@ impl<K: KernelTraits> RegisterCount for ConsumerRegs<K> {
 /// An f32 accumulator tile in the tensor-core C layout (`N` fragments of 8 columns), with
 /// the row-wise operations of the online softmax.
 pub trait FragTile: Copy {
+    /// Fragments of 8 columns.
+    const FRAGS: usize;
     fn zeroed() -> Self;
     /// Fragment `j`.
     fn frag(&self, j: usize) -> &Frag;
+    /// Fragment `j`, to modify.
+    fn frag_mut(&mut self, j: usize) -> &mut Frag;
     /// Multiplies each row by its factor, if any (the online softmax's rescale).
     fn rescale(&mut self, alpha: Option<[f32; 2]>);
     /// Sets to `-inf` the scores of keys at or past each row's limit (see
@@ -92,6 +96,7 @@ pub trait FragTile: Copy {
 }
 
 impl<const N: usize> FragTile for [Frag; N] {
+    const FRAGS: usize = N;
     #[inline(always)]
     fn zeroed() -> Self {
         [[0.0; 4]; N]
@@ -99,6 +104,10 @@ impl<const N: usize> FragTile for [Frag; N] {
     #[inline(always)]
     fn frag(&self, j: usize) -> &Frag {
         &self[j]
+    }
+    #[inline(always)]
+    fn frag_mut(&mut self, j: usize) -> &mut Frag {
+        &mut self[j]
     }
     #[inline(always)]
     fn rescale(&mut self, alpha: Option<[f32; 2]>) {
@@ -120,6 +129,8 @@ pub trait ScoreTile: FragTile + WgmmaAcc {
     type Probs: ProbTile;
     /// P = S rounded to `E`, in the RS WGMMA A-fragment layout.
     fn to_probs<E: Element>(&self) -> Self::Probs;
+    /// k16 step `kb` of [`Self::to_probs`] alone.
+    fn probs_step<E: Element>(&self, kb: usize) -> [u32; 4];
 }
 
 /// P as `BLOCK_N / 16` RS WGMMA A fragments.
@@ -129,6 +140,8 @@ pub trait ProbTile: Copy {
     fn zeroed() -> Self;
     /// The A fragment of k16 step `kb`.
     fn step(&self, kb: usize) -> [u32; 4];
+    /// Sets the A fragment of k16 step `kb`.
+    fn set_step(&mut self, kb: usize, a: [u32; 4]);
     /// Compiler fence: every register is read and rewritten here (see
     /// [`WgmmaAcc::fence_operand`]).
     fn fence_operand(&mut self);
@@ -141,6 +154,10 @@ macro_rules! score_tile {
             #[inline(always)]
             fn to_probs<E: Element>(&self) -> Self::Probs {
                 core::array::from_fn(|kb| a_fragment::<E>(&self[2 * kb], &self[2 * kb + 1]))
+            }
+            #[inline(always)]
+            fn probs_step<E: Element>(&self, kb: usize) -> [u32; 4] {
+                a_fragment::<E>(&self[2 * kb], &self[2 * kb + 1])
             }
         }
     )*};
@@ -158,6 +175,10 @@ impl<const STEPS: usize> ProbTile for [[u32; 4]; STEPS] {
     #[inline(always)]
     fn step(&self, kb: usize) -> [u32; 4] {
         self[kb]
+    }
+    #[inline(always)]
+    fn set_step(&mut self, kb: usize, a: [u32; 4]) {
+        self[kb] = a;
     }
     #[inline(always)]
     fn fence_operand(&mut self) {

@@ -9,3 +9,11 @@ pub fn proxy_async_shared() {
     // SAFETY: a fence.
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
 }
+
+/// Orders every memory access this thread made or observed before it with those after
+/// it, at GPU scope (`__threadfence()`).
+#[inline(always)]
+pub fn acq_rel_gpu() {
+    // SAFETY: a fence.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
+}

@@ -33,3 +33,70 @@ pub unsafe fn atom_add_u32(addr: u64, v: u32) -> u32 {
     };
     old
 }
+
+/// Loads 4 bytes from global memory through the read-only (non-coherent) path: data no
+/// thread of the launch writes.
+///
+/// # Safety
+/// `addr` must be a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn ld_nc_u32(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.global.nc.b32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(nostack, readonly)) };
+    v
+}
+
+/// Loads two consecutive `f32` from global memory.
+///
+/// # Safety
+/// `addr` must be a valid, 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn ld_v2_f32(addr: u64) -> [f32; 2] {
+    let (a, b): (f32, f32);
+    unsafe { asm!("ld.global.v2.f32 {{{0}, {1}}}, [{2}];", out(reg32) a, out(reg32) b, in(reg64) addr, options(nostack, readonly)) };
+    [a, b]
+}
+
+/// Stores four consecutive `f32` to global memory.
+///
+/// # Safety
+/// `addr` must be a valid, 16-byte aligned global address.
+#[inline(always)]
+pub unsafe fn st_v4_f32(addr: u64, v: [f32; 4]) {
+    unsafe {
+        asm!("st.global.v4.f32 [{0}], {{{1}, {2}, {3}, {4}}};",
+             in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
+    };
+}
+
+/// Adds `v` to the `f32` at a global address, without returning the old value (relaxed,
+/// GPU scope): a reduction several CTAs make into one accumulator.
+///
+/// # Safety
+/// `addr` must be a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn red_add_f32(addr: u64, v: f32) {
+    unsafe { asm!("red.relaxed.gpu.global.add.f32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}
+
+/// Loads a u32 with acquire semantics at GPU scope: what the thread that released it
+/// wrote before is visible after.
+///
+/// # Safety
+/// `addr` must be a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn ld_acquire_u32(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.acquire.gpu.global.b32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(nostack)) };
+    v
+}
+
+/// Adds `v` to a u32 with release semantics at GPU scope: the writes this thread made
+/// (or observed, through a barrier) before are visible to whoever acquires the new value.
+///
+/// # Safety
+/// `addr` must be a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn red_release_add_u32(addr: u64, v: u32) {
+    unsafe { asm!("red.release.gpu.global.add.u32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
+}

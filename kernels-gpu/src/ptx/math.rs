@@ -98,3 +98,15 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     unsafe { asm!("fma.rn.f32 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c, options(pure, nomem, nostack)) };
     r
 }
+
+/// Unpacks `f16x2` into two `f32` (exact); the low half first.
+#[inline(always)]
+pub fn unpack_f16x2(v: u32) -> [f32; 2] {
+    let (lo, hi): (f32, f32);
+    // SAFETY: pure arithmetic.
+    unsafe {
+        asm!("{{ .reg .b16 l, h; mov.b32 {{l, h}}, {2}; cvt.f32.f16 {0}, l; cvt.f32.f16 {1}, h; }}",
+             out(reg32) lo, out(reg32) hi, in(reg32) v, options(pure, nomem, nostack))
+    };
+    [lo, hi]
+}

@@ -108,3 +108,14 @@ pub unsafe fn ld_v4_u32(addr: SmemAddr) -> [u32; 4] {
 pub const fn align_up(addr: SmemAddr, align: u32) -> SmemAddr {
     SmemAddr((addr.0 + align - 1) & !(align - 1))
 }
+
+/// Loads two consecutive `f32` from shared memory.
+///
+/// # Safety
+/// `addr` must be 8-byte aligned and inside the allocation.
+#[inline(always)]
+pub unsafe fn ld_v2_f32(addr: SmemAddr) -> [f32; 2] {
+    let (a, b): (f32, f32);
+    unsafe { asm!("ld.shared.v2.f32 {{{0}, {1}}}, [{2}];", out(reg32) a, out(reg32) b, in(reg32) addr.0, options(nostack, readonly)) };
+    [a, b]
+}

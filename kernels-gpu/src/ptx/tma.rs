@@ -88,6 +88,22 @@ impl TensorMap {
     }
 }
 
+/// Copies `bytes` contiguous bytes global -> shared with the bulk-copy engine (a 1-D
+/// TMA copy, no tensor map); the bytes count toward `bar`'s transaction. Only threads
+/// with `leader` set issue it.
+///
+/// # Safety
+/// `src` and `dst` must be 16-byte aligned, `bytes` a multiple of 16, the source
+/// readable and the destination inside the allocation; `bar` must expect the bytes.
+#[inline(always)]
+pub unsafe fn bulk_load(dst: SmemAddr, src: u64, bytes: u32, bar: Mbarrier, leader: bool) {
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.b32 p, {4}, 0; @p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{0}], [{1}], {2}, [{3}]; }}",
+             in(reg32) dst.0, in(reg64) src, in(reg32) bytes, in(reg32) bar.0.0, in(reg32) leader as u32,
+             options(nostack))
+    };
+}
+
 /// Closes the group of bulk stores issued since the last commit.
 #[inline(always)]
 pub fn store_commit() {

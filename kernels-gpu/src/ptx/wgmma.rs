@@ -42,6 +42,10 @@ pub trait WgmmaAcc {
     /// `TRANS_B = 1`: B is MN-major.
     fn ss_f16<const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, scale_d: bool);
     fn ss_bf16<const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, scale_d: bool);
+    /// As [`Self::ss_f16`] with A MN-major (`imm-trans-a = 1`): A read as the transpose
+    /// of a tile stored K rows by M columns.
+    fn ss_f16_mn_a<const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, scale_d: bool);
+    fn ss_bf16_mn_a<const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, scale_d: bool);
     /// D (+)= A * B with A (64 x 16, K-major) in registers.
     fn rs_f16<const TRANS_B: u32>(&mut self, a: [u32; 4], desc_b: u64, scale_d: bool);
     fn rs_bf16<const TRANS_B: u32>(&mut self, a: [u32; 4], desc_b: u64, scale_d: bool);
@@ -55,11 +59,19 @@ macro_rules! wgmma_impl {
         impl WgmmaAcc for [Frag; $tiles] {
             #[inline(always)]
             fn ss_f16<const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, scale_d: bool) {
-                wgmma_impl!(@ss self, "f16", $n, desc_a, desc_b, scale_d, TRANS_B, [$first $($rest)*]);
+                wgmma_impl!(@ss self, "f16", $n, desc_a, desc_b, scale_d, "0", TRANS_B, [$first $($rest)*]);
             }
             #[inline(always)]
             fn ss_bf16<const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, scale_d: bool) {
-                wgmma_impl!(@ss self, "bf16", $n, desc_a, desc_b, scale_d, TRANS_B, [$first $($rest)*]);
+                wgmma_impl!(@ss self, "bf16", $n, desc_a, desc_b, scale_d, "0", TRANS_B, [$first $($rest)*]);
+            }
+            #[inline(always)]
+            fn ss_f16_mn_a<const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, scale_d: bool) {
+                wgmma_impl!(@ss self, "f16", $n, desc_a, desc_b, scale_d, "1", TRANS_B, [$first $($rest)*]);
+            }
+            #[inline(always)]
+            fn ss_bf16_mn_a<const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, scale_d: bool) {
+                wgmma_impl!(@ss self, "bf16", $n, desc_a, desc_b, scale_d, "1", TRANS_B, [$first $($rest)*]);
             }
             #[inline(always)]
             fn rs_f16<const TRANS_B: u32>(&mut self, a: [u32; 4], desc_b: u64, scale_d: bool) {
@@ -79,7 +91,7 @@ macro_rules! wgmma_impl {
             }
         }
     };
-    (@ss $acc:ident, $ty:literal, $n:literal, $da:ident, $db:ident, $sd:ident, $tb:ident, [$first:literal $($rest:literal)*]) => {
+    (@ss $acc:ident, $ty:literal, $n:literal, $da:ident, $db:ident, $sd:ident, $ta:literal, $tb:ident, [$first:literal $($rest:literal)*]) => {
         // SAFETY: warpgroup-uniform; the descriptors point at operand tiles that are in
         // shared memory and visible to the async proxy.
         unsafe {
@@ -87,7 +99,7 @@ macro_rules! wgmma_impl {
                 concat!(
                     "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; ",
                     "wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, " ",
-                    "{{{", $first, "}", $(", {", $rest, "}",)* "}}, {da}, {db}, p, 1, 1, 0, {tb}; }}"
+                    "{{{", $first, "}", $(", {", $rest, "}",)* "}}, {da}, {db}, p, 1, 1, ", $ta, ", {tb}; }}"
                 ),
                 inout(reg32) $acc[$first / 4][$first % 4], $(inout(reg32) $acc[$rest / 4][$rest % 4],)*
                 da = in(reg64) $da, db = in(reg64) $db, sd = in(reg32) $sd as u32, tb = const $tb,

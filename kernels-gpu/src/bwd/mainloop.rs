@@ -1,0 +1,221 @@
+//! The consumer mainloop of the backward, one warpgroup (64 of the CTA's keys), per step
+//! (one query block of one query head):
+//!
+//! 1. `Sᵀ = K Qᵀ` and `dPᵀ = V dOᵀ` (SS WGMMA, both operands K-major);
+//! 2. `Pᵀ = exp2(Sᵀ · scale · log2 e − LSE₂)` (zero where the mask hides a pair) and
+//!    `dSᵀ = Pᵀ ∘ (dPᵀ − D)`, elementwise in registers;
+//! 3. `dSᵀ` to shared memory (both warpgroups' rows make the block's `dSᵀ`);
+//! 4. `dV += Pᵀ dO` and `dK += dSᵀ Q` (RS: `Pᵀ` and `dSᵀ` are already A fragments, dO
+//!    and Q MN-major B), and this warpgroup's piece of `dQ = dS K` (SS, both MN-major);
+//! 5. the dQ piece added to the fp32 accumulator in global memory ([`super::dq`]).
+use super::dq::DqWriter;
+use super::producer::BwdStorage;
+use super::traits::{BwdTraits, DqPiece, DqSplit};
+use crate::element::Element;
+use crate::fa3::barriers::NamedBarrier;
+use crate::fa3::epilogue::stage_swizzled;
+use crate::fa3::gemm;
+use crate::fa3::pipeline::PipelineState;
+use crate::fa3::traits::{FragTile, ProbTile, ScoreTile, WARPGROUP_ROWS};
+use crate::ptx::compiler::opaque_u64;
+use crate::ptx::wgmma::WgmmaAcc;
+use crate::ptx::{fence, math, smem};
+use common::bwd::{BwdParams, STAGES, first_query_block, step_needs_mask};
+use common::gmma::{k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_rows};
+
+/// Adds a byte offset to a descriptor's start address (which is stored >> 4).
+#[inline(always)]
+fn desc_add(desc: u64, bytes: u32) -> u64 {
+    desc + (bytes >> 4) as u64
+}
+
+/// Which (query, key) pairs of this lane's two key rows the mask hides: a pair is hidden
+/// when its query is below the row's bound (`key - (seqlen_k - seqlen_q)` under a causal
+/// mask; every query for a key past `seqlen_k`, whose zero-filled row must not reach
+/// `P`, where `exp2(-LSE)` could overflow).
+#[derive(Clone, Copy)]
+struct KeyRowMask {
+    min_query: [i32; 2],
+}
+
+impl KeyRowMask {
+    #[inline(always)]
+    fn new(p: &BwdParams, key_row: i32) -> Self {
+        let bound = |key: i32| {
+            if key >= p.seqlen_k as i32 {
+                i32::MAX
+            } else {
+                match p.causal_offset() {
+                    Some(off) => key - off,
+                    None => i32::MIN,
+                }
+            }
+        };
+        KeyRowMask { min_query: [bound(key_row), bound(key_row + 8)] }
+    }
+}
+
+/// What a warpgroup keeps across its steps.
+pub struct KeyBlockGrads<K: BwdTraits> {
+    pub dk: K::KeyGrads,
+    pub dv: K::KeyGrads,
+}
+
+/// The consumer side of one CTA: this warpgroup's coordinates and operands.
+pub struct Consumer<'a, K: BwdTraits> {
+    pub p: &'a BwdParams,
+    pub storage: BwdStorage,
+    /// This consumer warpgroup (0 or 1): its keys are `64 wg..64 wg + 64` of the block.
+    pub wg: u32,
+    pub thread_in_wg: u32,
+    pub n_block: u32,
+    pub head_k: u32,
+    pub batch: u32,
+    pub state: PipelineState<STAGES>,
+    pub dq: DqWriter<K>,
+}
+
+impl<K: BwdTraits> Consumer<'_, K> {
+    /// Every step of the CTA: the query heads of its K/V head, and for each the query
+    /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
+    /// and dV.
+    #[inline(always)]
+    pub fn run(&mut self) -> KeyBlockGrads<K> {
+        let p = self.p;
+        let mut grads = KeyBlockGrads::<K> { dk: K::KeyGrads::zeroed(), dv: K::KeyGrads::zeroed() };
+        let first = first_query_block(p.causal != 0, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k);
+        let blocks = p.query_blocks(K::BLOCK_M);
+        if first >= blocks {
+            return grads;
+        }
+        // K and V land once.
+        self.storage.k.consumer_wait(PipelineState::new());
+        self.storage.v.consumer_wait(PipelineState::new());
+        let lane = self.thread_in_wg % 32;
+        let key_row = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
+        let mask = KeyRowMask::new(p, key_row);
+        for h in 0..p.kv_group {
+            let head = self.head_k * p.kv_group + h;
+            for m in first..blocks {
+                let masked = step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
+                    || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
+                // Uniform across the CTA; the broadcast lets ptxas see it.
+                let masked = math::shfl_broadcast_u32(masked as u32) != 0;
+                self.step(&mut grads, &mask, head, m, masked);
+            }
+        }
+        grads
+    }
+
+    /// One step: query block `m` of query head `head`.
+    #[inline(always)]
+    fn step(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, head: u32, m: u32, masked: bool) {
+        let st = self.state;
+        let s = &self.storage;
+        let (q_slot, do_slot) = (s.q.slot(st.index()), s.dout.slot(st.index()));
+        // Descriptors are derived afresh each step (through an opaque base): hoisted out
+        // of the loop, the per-k-step ones would pin dozens of registers.
+        let key_rows = sw128_rows(K::BLOCK_N, 0, self.wg * WARPGROUP_ROWS);
+        let k_desc = opaque_u64(k_major_sw128(s.k.slot(0).add(key_rows).0));
+        let v_desc = opaque_u64(k_major_sw128(s.v.slot(0).add(key_rows).0));
+        let (q_desc, do_desc) = (k_major_sw128(q_slot.0), k_major_sw128(do_slot.0));
+
+        // 1. Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
+        s.q.consumer_wait(st);
+        s.dout.consumer_wait(st);
+        let mut scores = K::Scores::zeroed();
+        let mut dp = K::Scores::zeroed();
+        scores.fence_operand();
+        dp.fence_operand();
+        gemm::issue(|| {
+            for kk in 0..K::HDIM / 16 {
+                let (key_step, q_step) = (k_major_k_step(K::BLOCK_N, kk), k_major_k_step(K::BLOCK_M, kk));
+                K::Element::wgmma_ss(&mut scores, desc_add(k_desc, key_step), desc_add(q_desc, q_step), kk > 0);
+            }
+            for kk in 0..K::HDIM / 16 {
+                let (key_step, q_step) = (k_major_k_step(K::BLOCK_N, kk), k_major_k_step(K::BLOCK_M, kk));
+                K::Element::wgmma_ss(&mut dp, desc_add(v_desc, key_step), desc_add(do_desc, q_step), kk > 0);
+            }
+        });
+        gemm::wait::<0>(&mut scores);
+        dp.fence_operand();
+
+        // 2. Pᵀ and dSᵀ, in place of Sᵀ and dPᵀ.
+        let lane = self.thread_in_wg % 32;
+        let col_2t = 2 * (lane % 4);
+        let (lse, dpsum) = (s.lse_slot::<K>(st.index()), s.dpsum_slot::<K>(st.index()));
+        let query0 = (m * K::BLOCK_M) as i32;
+        let mut probs = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
+        let mut dsf = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
+        // Packed into A fragments one k-step (two n-tiles) at a time, so that the f32
+        // tiles' registers free up as the packed ones fill.
+        for kb in 0..<<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS {
+            for e in 0..2 {
+                let j = 2 * kb + e;
+                let col = 8 * j as u32 + col_2t;
+                // SAFETY: inside this stage's vectors; 8 B aligned (even column).
+                let (lse2, d) = unsafe { (smem::ld_v2_f32(lse.add(4 * col)), smem::ld_v2_f32(dpsum.add(4 * col))) };
+                let (sf, dpf) = (scores.frag_mut(j), dp.frag_mut(j));
+                for r in 0..2 {
+                    for c in 0..2 {
+                        let i = 2 * r + c;
+                        let mut prob = math::exp2(math::fma(sf[i], self.p.scale_log2, -lse2[c]));
+                        if masked && query0 + ((col + c as u32) as i32) < mask.min_query[r] {
+                            prob = 0.0;
+                        }
+                        sf[i] = prob;
+                        dpf[i] = prob * (dpf[i] - d[c]);
+                    }
+                }
+            }
+            probs.set_step(kb, scores.probs_step::<K::Element>(kb));
+            dsf.set_step(kb, dp.probs_step::<K::Element>(kb));
+        }
+
+        // 3. dSᵀ to shared memory, once every warpgroup's previous dQ product has read it.
+        // Its packed pairs are the A fragments' (n-tile j is half j % 2 of k-step j / 2).
+        NamedBarrier::DsFree.sync(0);
+        let packed = |j: usize, r: usize| dsf.step(j / 2)[2 * (j % 2) + r];
+        stage_swizzled(s.ds, K::BLOCK_N, self.wg * WARPGROUP_ROWS, self.thread_in_wg / 32, lane, <K::Scores as FragTile>::FRAGS, packed);
+        // The dQ WGMMA reads dSᵀ through the async proxy.
+        fence::proxy_async_shared();
+        NamedBarrier::DsReady.sync(0);
+
+        // 4. dV += Pᵀ dO, dK += dSᵀ Q, this warpgroup's dQ piece = dS K.
+        let split = DqSplit::of::<K>(self.wg);
+        // dSᵀ stored key-row by key-row: dS is its MN-major transpose, from key row
+        // `key0`. K likewise, from key row `key0` and 64-column chunk `col0 / 64`.
+        let ds_desc = opaque_u64(mn_major_sw128(s.ds.add(sw128_rows(K::BLOCK_N, 0, split.key0)).0, K::BLOCK_N));
+        let kt_desc = opaque_u64(mn_major_sw128(s.k.slot(0).add(sw128_rows(K::BLOCK_N, split.col0 / 64, split.key0)).0, K::BLOCK_N));
+        let (do_b, q_b) = (mn_major_sw128(do_slot.0, K::BLOCK_M), mn_major_sw128(q_slot.0, K::BLOCK_M));
+        let mut dq = DqPiece::zeroed();
+        probs.fence_operand();
+        dsf.fence_operand();
+        grads.dv.fence_operand();
+        grads.dk.fence_operand();
+        dq.fence_operand();
+        gemm::issue(|| {
+            for kb in 0..<<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS {
+                K::Element::wgmma_rs_mn(&mut grads.dv, probs.step(kb), desc_add(do_b, mn_major_k_step(kb as u32)), true);
+            }
+            for kb in 0..<<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS {
+                K::Element::wgmma_rs_mn(&mut grads.dk, dsf.step(kb), desc_add(q_b, mn_major_k_step(kb as u32)), true);
+            }
+            for kk in 0..split.keys / 16 {
+                K::Element::wgmma_ss_mn_mn(&mut dq, desc_add(ds_desc, mn_major_k_step(kk)), desc_add(kt_desc, mn_major_k_step(kk)), kk > 0);
+            }
+        });
+        gemm::wait::<0>(&mut dq);
+        grads.dv.fence_operand();
+        grads.dk.fence_operand();
+        probs.fence_operand();
+        dsf.fence_operand();
+        // Done with this stage's Q and dO.
+        s.q.consumer_release(st);
+        s.dout.consumer_release(st);
+        self.state.advance();
+
+        // 5. dQ.
+        self.dq.add(&dq, head, m, split.col0, self.wg, self.thread_in_wg);
+    }
+}

@@ -1,0 +1,32 @@
+//! The backward's last launch: dQ = fp32 accumulator × softmax scale, rounded to the
+//! element type, into the (strided) dq. Grid `(ceil(seqlen_q / PREPROCESS_ROWS),
+//! heads_q, batch)`, [`AUX_THREADS`] threads, two columns a thread.
+use crate::element::Element;
+use crate::ptx::{global, sreg};
+use common::bwd::{AUX_THREADS, BwdParams, PREPROCESS_ROWS};
+
+/// The postprocess kernel body for element type `E` at head dim `HDIM`.
+///
+/// # Safety
+/// The host sized and validated every buffer of `p`.
+#[inline(always)]
+pub unsafe fn postprocess<E: Element, const HDIM: u32>(p: BwdParams) {
+    let (head, batch) = (sreg::block_idx_y(), sreg::block_idx_z());
+    let threads_per_row = HDIM / 2;
+    let rows_per_pass = AUX_THREADS / threads_per_row;
+    let t = sreg::thread_idx_x();
+    let col = 2 * (t % threads_per_row);
+    let bh = (batch * p.heads_q + head) as u64;
+    let first = sreg::block_idx_x() * PREPROCESS_ROWS;
+    let mut row = first + t / threads_per_row;
+    while row < first + PREPROCESS_ROWS && row < p.seqlen_q {
+        let accum = p.dq_accum + 4 * ((bh * p.padded_rows as u64 + row as u64) * HDIM as u64 + col as u64);
+        // SAFETY: inside the padded accumulator; 8 B aligned (even column).
+        let v = unsafe { global::ld_v2_f32(accum) };
+        let s = p.dq_strides;
+        let dst = p.dq + 2 * (batch as u64 * s.batch + row as u64 * s.row + head as u64 * s.head + col as u64);
+        // SAFETY: inside the host-checked dq; 4 B aligned (even column).
+        unsafe { global::st_u32(dst, E::pack2(v[0] * p.softmax_scale, v[1] * p.softmax_scale)) };
+        row += rows_per_pass;
+    }
+}

@@ -1,0 +1,129 @@
+//! The backward's shared storage and its producer: TMA loads of the CTA's K and V (once),
+//! then per step the query block's Q with its LSE and dO with its D, through two-stage
+//! rings, in the order the consumers use them.
+use super::traits::BwdTraits;
+use crate::fa3::pipeline::{PipelineState, TmaPipeline};
+use crate::fa3::storage::TensorMaps;
+use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
+use crate::ptx::tma;
+use common::bwd::{BwdParams, BwdTensorMap, STAGES};
+use common::fa3::{MAX_SMEM, SMEM_ALIGN};
+
+/// The main kernel's shared memory as typed views (`common::bwd::SmemLayout`).
+#[derive(Clone, Copy)]
+pub struct BwdStorage {
+    /// K and V of the CTA's key block: one slot each, loaded once.
+    pub k: TmaPipeline<1>,
+    pub v: TmaPipeline<1>,
+    /// Q (with the LSE) and dO (with D) of a query block.
+    pub q: TmaPipeline<STAGES>,
+    pub dout: TmaPipeline<STAGES>,
+    /// `dSᵀ` of the current step.
+    pub ds: SmemAddr,
+    /// The LSE (log2) and D vectors, `BLOCK_M` f32 per stage.
+    pub lse: SmemAddr,
+    pub dpsum: SmemAddr,
+}
+
+impl BwdStorage {
+    #[inline(always)]
+    pub fn new<K: BwdTraits>() -> Self {
+        const { assert!(K::SMEM.total <= MAX_SMEM) };
+        let l = K::SMEM;
+        let base = align_up(dynamic_smem_base(), SMEM_ALIGN);
+        BwdStorage {
+            k: TmaPipeline::at(base, l.k, None),
+            v: TmaPipeline::at(base, l.v, None),
+            q: TmaPipeline::at(base, l.q, None),
+            dout: TmaPipeline::at(base, l.dout, None),
+            ds: base.add(l.ds.offset),
+            lse: base.add(l.lse.offset),
+            dpsum: base.add(l.dpsum.offset),
+        }
+    }
+
+    /// Stage `stage`'s LSE (log2) vector.
+    #[inline(always)]
+    pub fn lse_slot<K: BwdTraits>(&self, stage: u32) -> SmemAddr {
+        self.lse.add(stage * K::VECTOR_BYTES)
+    }
+
+    /// Stage `stage`'s D vector.
+    #[inline(always)]
+    pub fn dpsum_slot<K: BwdTraits>(&self, stage: u32) -> SmemAddr {
+        self.dpsum.add(stage * K::VECTOR_BYTES)
+    }
+
+    /// One thread, before first use: `consumers` releases per phase.
+    #[inline(always)]
+    pub fn init(&self, consumers: u32) {
+        self.k.init(consumers);
+        self.v.init(consumers);
+        self.q.init(consumers);
+        self.dout.init(consumers);
+    }
+}
+
+/// The producer thread's loads.
+pub struct BwdLoader<K: BwdTraits> {
+    pub maps: TensorMaps,
+    pub storage: BwdStorage,
+    pub q_state: PipelineState<STAGES>,
+    pub dout_state: PipelineState<STAGES>,
+    pub kernel: core::marker::PhantomData<K>,
+}
+
+impl<K: BwdTraits> BwdLoader<K> {
+    #[inline(always)]
+    pub fn new(maps: TensorMaps, storage: BwdStorage) -> Self {
+        BwdLoader { maps, storage, q_state: PipelineState::new(), dout_state: PipelineState::new(), kernel: core::marker::PhantomData }
+    }
+
+    #[inline(always)]
+    pub fn prefetch_descriptors(&self) {
+        self.maps.get(BwdTensorMap::Q).prefetch();
+        self.maps.get(BwdTensorMap::K).prefetch();
+        self.maps.get(BwdTensorMap::V).prefetch();
+        self.maps.get(BwdTensorMap::DOut).prefetch();
+    }
+
+    /// K and V of key block `n_block` of K/V head `head_k`.
+    #[inline(always)]
+    pub fn load_kv(&self, n_block: u32, head_k: u32, batch: u32) {
+        let coords = [0, (n_block * K::BLOCK_N) as i32, 0, head_k as i32, batch as i32];
+        let (k, v) = (&self.storage.k, &self.storage.v);
+        k.producer_acquire(PipelineState::new(), true);
+        // SAFETY: the slot holds one box; its full barrier expects the bytes.
+        unsafe { self.maps.get_rederived(BwdTensorMap::K).load_5d(k.slot(0), k.full(0), coords, true) };
+        v.producer_acquire(PipelineState::new(), true);
+        // SAFETY: as for K.
+        unsafe { self.maps.get_rederived(BwdTensorMap::V).load_5d(v.slot(0), v.full(0), coords, true) };
+    }
+
+    /// Q and its LSE, then dO and its D, of query block `m_block` of query head `head`.
+    #[inline(always)]
+    pub fn load_step(&mut self, p: &BwdParams, m_block: u32, head: u32, batch: u32) {
+        let coords = [0, (m_block * K::BLOCK_M) as i32, 0, head as i32, batch as i32];
+        // Row `m_block * BLOCK_M` of this (batch, head)'s padded vectors.
+        let vector_row = ((batch * p.heads_q + head) as u64 * p.padded_rows as u64 + (m_block * K::BLOCK_M) as u64) * 4;
+        let st = self.q_state;
+        let (q, vec) = (&self.storage.q, self.storage.lse_slot::<K>(st.index()));
+        q.producer_acquire_bytes(st, K::Q_BYTES + K::VECTOR_BYTES, true);
+        // SAFETY: the slot holds one box and the vector slot BLOCK_M f32; the padded
+        // workspace has whole blocks; the full barrier expects both.
+        unsafe {
+            self.maps.get_rederived(BwdTensorMap::Q).load_5d(q.slot(st.index()), q.full(st.index()), coords, true);
+            tma::bulk_load(vec, p.lse_log2 + vector_row, K::VECTOR_BYTES, q.full(st.index()), true);
+        }
+        self.q_state.advance();
+        let st = self.dout_state;
+        let (dout, vec) = (&self.storage.dout, self.storage.dpsum_slot::<K>(st.index()));
+        dout.producer_acquire_bytes(st, K::Q_BYTES + K::VECTOR_BYTES, true);
+        // SAFETY: as for Q.
+        unsafe {
+            self.maps.get_rederived(BwdTensorMap::DOut).load_5d(dout.slot(st.index()), dout.full(st.index()), coords, true);
+            tma::bulk_load(vec, p.dpsum + vector_row, K::VECTOR_BYTES, dout.full(st.index()), true);
+        }
+        self.dout_state.advance();
+    }
+}

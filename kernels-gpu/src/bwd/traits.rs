@@ -1,0 +1,60 @@
+//! The configuration of one backward kernel as a traits type (as the forward's
+//! [`crate::fa3::KernelTraits`]): the kernel table (`common::bwd_kernel_table`) gives each
+//! entry point one, and every part of the kernel reads its shapes and register tiles from
+//! it.
+use crate::element::Element;
+use crate::fa3::traits::{FragTile, ScoreTile};
+use crate::ptx::wgmma::WgmmaAcc;
+use crate::softmax::Frag;
+use common::bwd::{self, SmemLayout};
+
+/// One backward kernel configuration.
+pub trait BwdTraits: Copy + 'static {
+    /// The 16-bit element type of Q, K, V, O, dO and the gradients.
+    type Element: Element;
+    /// A consumer warpgroup's `Sᵀ` (and `dPᵀ`) accumulator: its 64 keys by `BLOCK_M`
+    /// queries, `BLOCK_M / 8` fragments.
+    type Scores: ScoreTile;
+    /// A consumer warpgroup's dK (and dV) accumulator: its 64 keys by `HDIM`.
+    type KeyGrads: FragTile + WgmmaAcc;
+    const HDIM: u32;
+    /// Query rows per step.
+    const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
+    /// Keys per CTA.
+    const BLOCK_N: u32 = bwd::BLOCK_N;
+    /// The shared-memory layout.
+    const SMEM: SmemLayout = SmemLayout::new(Self::HDIM);
+    /// Bytes of a Q or dO tile, and of a stage's LSE or D vector.
+    const Q_BYTES: u32 = Self::BLOCK_M * Self::HDIM * 2;
+    const VECTOR_BYTES: u32 = SmemLayout::vector_bytes(Self::HDIM);
+}
+
+/// A warpgroup's piece of `dQ = dS K` per step: 64 query rows by 64 columns of the head
+/// dimension, summed over [`DqPiece`]'s keys.
+pub type DqPiece = [Frag; 8];
+
+/// Which part of the step's dQ (`BLOCK_M = 64` rows by `HDIM`) a consumer warpgroup
+/// computes: at hdim 128 columns `64 wg..64 wg + 64` over all the block's keys; at hdim 64
+/// every column over its own 64 keys (the two warpgroups' pieces then add up).
+#[derive(Clone, Copy)]
+pub struct DqSplit {
+    /// First column.
+    pub col0: u32,
+    /// First key of the block and number of keys summed over.
+    pub key0: u32,
+    pub keys: u32,
+}
+
+impl DqSplit {
+    #[inline(always)]
+    pub fn of<K: BwdTraits>(wg: u32) -> Self {
+        const { assert!(K::BLOCK_M == 64 && (K::HDIM == 64 || K::HDIM == 128)) };
+        if K::HDIM == 128 { DqSplit { col0: 64 * wg, key0: 0, keys: K::BLOCK_N } } else { DqSplit { col0: 0, key0: 64 * wg, keys: 64 } }
+    }
+
+    /// Whether both warpgroups add to the same elements.
+    #[inline(always)]
+    pub fn shared<K: BwdTraits>() -> bool {
+        K::HDIM == 64
+    }
+}
