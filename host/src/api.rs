@@ -1,10 +1,11 @@
-//! `flash_attn_func`: the public entry points.
+//! `flash_attn_func` and `flash_attn_backward`: the public entry points.
 use crate::error::{AttnError, Result};
 use crate::gpu::Gpu;
 use crate::plan::{AttnOptions, FwdPlan, TensorDesc, plan_forward};
+use crate::plan_bwd::{BwdTensors, backward_workspace_bytes, plan_backward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
 use common::{FwdParams, TmaDescriptors};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
 /// O and LSE of a forward pass.
@@ -127,3 +128,134 @@ fn launch_with(stream: &Arc<CudaStream>, f: &CudaFunction, cfg: LaunchConfig, pl
     unsafe { builder.launch(cfg) }?;
     Ok(())
 }
+
+/// dQ, dK and dV of a backward pass.
+pub struct Grads {
+    /// `[batch, seqlen_q, heads_q, hdim]`, q's dtype, packed.
+    pub dq: DeviceTensor,
+    /// `[batch, seqlen_k, heads_k, hdim]`, k's dtype, packed: under GQA/MQA the sum over
+    /// the query heads that share each K/V head.
+    pub dk: DeviceTensor,
+    /// As `dk`.
+    pub dv: DeviceTensor,
+}
+
+/// The gradients of a loss with respect to q, k and v, given the forward's inputs, its
+/// output `out` and LSE `lse` (as [`flash_attn_func`] returned them, with the same
+/// `opts`) and `dout`, the loss's gradient with respect to `out` (q's shape and dtype).
+///
+/// The recompute backward: no `seqlen_q x seqlen_k` matrix is stored. Head dims 64 and
+/// 128; f16 or bf16; any sequence lengths; causal (bottom-right) or not; MQA/GQA. Rows
+/// with LSE = +inf (no visible key) contribute nothing. Scratch is allocated on `stream`
+/// for the call; [`flash_attn_backward_into`] takes a caller-owned workspace instead.
+/// Nothing is written but the returned tensors. Asynchronous with respect to the host.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_backward(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    q: &TensorRef<'_>,
+    k: &TensorRef<'_>,
+    v: &TensorRef<'_>,
+    out: &TensorRef<'_>,
+    lse: &CudaSlice<f32>,
+    dout: &TensorRef<'_>,
+    opts: &AttnOptions,
+) -> Result<Grads> {
+    let mut dq = DeviceTensor::alloc(stream, q.dtype(), q.layout.shape)?;
+    let mut dk = DeviceTensor::alloc(stream, k.dtype(), k.layout.shape)?;
+    let mut dv = DeviceTensor::alloc(stream, v.dtype(), v.layout.shape)?;
+    flash_attn_backward_into(gpu, stream, q, k, v, out, lse, dout, &mut dq.as_mut(), &mut dk.as_mut(), &mut dv.as_mut(), None, opts)?;
+    Ok(Grads { dq, dk, dv })
+}
+
+/// As [`flash_attn_backward`], writing into caller-given (possibly strided) `dq`, `dk`,
+/// `dv`, with the scratch in `workspace` when given (at least
+/// [`backward_workspace_bytes`] bytes, 256-byte aligned as cudarc allocates; no
+/// allocation is made then). The gradients must not overlap each other or the inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_backward_into(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    q: &TensorRef<'_>,
+    k: &TensorRef<'_>,
+    v: &TensorRef<'_>,
+    out: &TensorRef<'_>,
+    lse: &CudaSlice<f32>,
+    dout: &TensorRef<'_>,
+    dq: &mut TensorMut<'_>,
+    dk: &mut TensorMut<'_>,
+    dv: &mut TensorMut<'_>,
+    workspace: Option<&mut CudaSlice<u8>>,
+    opts: &AttnOptions,
+) -> Result<()> {
+    if !Arc::ptr_eq(stream.context(), gpu.context()) {
+        return Err(AttnError::ForeignStream);
+    }
+    let [b, sq, hq, d] = q.layout.shape;
+    let mut own;
+    let workspace = match workspace {
+        Some(w) => w,
+        None => {
+            // Sized for the shape q claims; validation below rejects a q whose shape is
+            // off before anything runs.
+            let bytes = if common::bwd::HEAD_DIMS.contains(&(d as u32)) { backward_workspace_bytes(b, sq, hq, d) } else { 0 };
+            // SAFETY: the preprocess kernel writes every byte the others read.
+            own = unsafe { stream.alloc::<u8>(bytes.max(1)) }?;
+            &mut own
+        }
+    };
+    let (q_ptr, _q_sync) = q.slice.device_ptr(stream);
+    let (k_ptr, _k_sync) = k.slice.device_ptr(stream);
+    let (v_ptr, _v_sync) = v.slice.device_ptr(stream);
+    let (o_ptr, _o_sync) = out.slice.device_ptr(stream);
+    let (do_ptr, _do_sync) = dout.slice.device_ptr(stream);
+    let lse_len = lse.len();
+    let (lse_ptr, _lse_sync) = lse.device_ptr(stream);
+    let mut_desc = |t: &TensorMut<'_>| TensorDesc { dtype: t.dtype(), layout: t.layout, addr: 0, buffer_len: t.buffer_len() };
+    let (dq_desc, dk_desc, dv_desc) = (mut_desc(dq), mut_desc(dk), mut_desc(dv));
+    let (dq_ptr, _dq_sync) = dq.slice.device_ptr_mut(stream);
+    let (dk_ptr, _dk_sync) = dk.slice.device_ptr_mut(stream);
+    let (dv_ptr, _dv_sync) = dv.slice.device_ptr_mut(stream);
+    let ws_len = workspace.len();
+    let (ws_ptr, _ws_sync) = workspace.device_ptr_mut(stream);
+    let tensors = BwdTensors {
+        q: desc(q, q_ptr),
+        k: desc(k, k_ptr),
+        v: desc(v, v_ptr),
+        out: desc(out, o_ptr),
+        dout: desc(dout, do_ptr),
+        lse: (lse_ptr, lse_len),
+        dq: TensorDesc { addr: dq_ptr, ..dq_desc },
+        dk: TensorDesc { addr: dk_ptr, ..dk_desc },
+        dv: TensorDesc { addr: dv_ptr, ..dv_desc },
+        workspace: (ws_ptr, ws_len),
+    };
+    let plan = plan_backward(&tensors, opts)?;
+    let mut block = [0u64; 64];
+    for (i, m) in plan.tma.iter().enumerate() {
+        block[16 * i..16 * (i + 1)].copy_from_slice(&m.encode()?);
+    }
+    let tma = TmaBlock(TmaDescriptors(block));
+    let params = BwdParamBlock(plan.params);
+    for (i, l) in plan.launches.iter().enumerate() {
+        let (f, _) = gpu.function(l.kernel).ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", l.kernel.name)))?;
+        let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.block, 1, 1), shared_mem_bytes: l.smem_bytes };
+        let mut builder = stream.launch_builder(f);
+        // The main kernel (the second launch) takes the tensor maps first.
+        if i == 1 {
+            builder.arg(&tma);
+        }
+        builder.arg(&params);
+        // SAFETY: the plan was validated: every address the kernels derive from the
+        // parameters lies inside the buffers borrowed above (the workspace sized by
+        // `WorkspaceLayout`), which outlive the launches.
+        unsafe { builder.launch(cfg) }?;
+    }
+    Ok(())
+}
+
+/// The backward kernels' parameter block as one by-value kernel argument.
+#[repr(transparent)]
+struct BwdParamBlock(common::bwd::BwdParams);
+// SAFETY: plain `#[repr(C)]` data the kernels read by value.
+unsafe impl DeviceRepr for BwdParamBlock {}

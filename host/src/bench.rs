@@ -14,6 +14,12 @@ pub fn fwd_flops(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, h
     if causal { f / 2.0 } else { f }
 }
 
+/// Backward FLOPs: 2.5 times the forward's (the papers' convention: five GEMMs of the
+/// forward's two's size, S recomputed).
+pub fn bwd_flops(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, hdim: usize, causal: bool) -> f64 {
+    2.5 * fwd_flops(batch, heads, seqlen_q, seqlen_k, hdim, causal)
+}
+
 /// Per-launch times of one configuration, milliseconds.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -27,46 +33,45 @@ pub struct Timing {
     pub host_us: f64,
 }
 
-/// Times at least `iters` launches, and as many as span `timing_ms` (each between its
-/// own pair of events; the median is kept), after at least `warmup` untimed ones and
-/// `warmup_ms` of back-to-back launches of this same call. The span matters because the
-/// capped clock wanders by several percent over tens of milliseconds: 20 launches of a
-/// 0.2 ms call sample one moment of it. Under
-/// sustained load the H100 here runs into its power cap within a second and its clock
-/// falls from 1980 to ~1400-1550 MHz, so a short burst after idle measures a different
-/// card than a long run (docs/perf.md, method). Timing every config in that steady state makes
-/// runs repeatable and comparable with the peers, timed the same way.
-#[allow(clippy::too_many_arguments)]
-pub fn time_forward(
-    gpu: &Gpu,
-    stream: &Arc<CudaStream>,
-    q: &TensorRef<'_>,
-    k: &TensorRef<'_>,
-    v: &TensorRef<'_>,
-    out: &mut TensorMut<'_>,
-    lse: &mut CudaSlice<f32>,
-    opts: &AttnOptions,
-    warmup: usize,
-    warmup_ms: u64,
-    iters: usize,
-    timing_ms: u64,
-) -> Result<Timing> {
-    for _ in 0..warmup {
-        flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
+/// How long to load the GPU and to time one configuration (see [`time_calls`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TimingPlan {
+    /// Untimed calls first.
+    pub warmup: usize,
+    /// Then this long of back-to-back calls, untimed.
+    pub warmup_ms: u64,
+    /// At least this many timed calls...
+    pub iters: usize,
+    /// ...and as many as span this long.
+    pub timing_ms: u64,
+}
+
+/// Times at least `iters` calls of `call`, and as many as span `timing_ms` (each between
+/// its own pair of events; the median is kept), after at least `warmup` untimed ones and
+/// `warmup_ms` of back-to-back calls. The span matters because the capped clock wanders
+/// by several percent over tens of milliseconds: 20 launches of a 0.2 ms call sample one
+/// moment of it. Under sustained load the H100 here runs into its power cap within a
+/// second and its clock falls from 1980 to ~1400-1550 MHz, so a short burst after idle
+/// measures a different card than a long run (docs/perf.md, method). Timing every config
+/// in that steady state makes runs repeatable and comparable with the peers, timed the
+/// same way.
+pub fn time_calls(gpu: &Gpu, stream: &Arc<CudaStream>, plan: TimingPlan, mut call: impl FnMut() -> Result<()>) -> Result<Timing> {
+    for _ in 0..plan.warmup {
+        call()?;
     }
     let t0 = std::time::Instant::now();
     let mut calls = 0u64;
-    while t0.elapsed().as_millis() < warmup_ms.max(1) as u128 {
+    while t0.elapsed().as_millis() < plan.warmup_ms.max(1) as u128 {
         // Batches keep the GPU busy between the host's checks of the clock.
         for _ in 0..8 {
-            flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
+            call()?;
         }
         stream.synchronize()?;
         calls += 8;
     }
     let per_call_ms = t0.elapsed().as_secs_f64() * 1e3 / calls as f64;
     let ctx = gpu.context();
-    let iters = iters.max(1).max((timing_ms as f64 / per_call_ms).ceil().min(20_000.0) as usize);
+    let iters = plan.iters.max(1).max((plan.timing_ms as f64 / per_call_ms).ceil().min(20_000.0) as usize);
     let mut events = Vec::with_capacity(iters);
     let mut host = std::time::Duration::ZERO;
     for _ in 0..iters {
@@ -75,7 +80,7 @@ pub fn time_forward(
         let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         start.record(stream)?;
         let t0 = std::time::Instant::now();
-        flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts)?;
+        call()?;
         host += t0.elapsed();
         end.record(stream)?;
         events.push((start, end));
@@ -92,4 +97,24 @@ pub fn time_forward(
         max_ms: ms[ms.len() - 1],
         host_us: host.as_secs_f64() * 1e6 / iters as f64,
     })
+}
+
+/// [`time_calls`] of one forward call.
+#[allow(clippy::too_many_arguments)]
+pub fn time_forward(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    q: &TensorRef<'_>,
+    k: &TensorRef<'_>,
+    v: &TensorRef<'_>,
+    out: &mut TensorMut<'_>,
+    lse: &mut CudaSlice<f32>,
+    opts: &AttnOptions,
+    warmup: usize,
+    warmup_ms: u64,
+    iters: usize,
+    timing_ms: u64,
+) -> Result<Timing> {
+    let plan = TimingPlan { warmup, warmup_ms, iters, timing_ms };
+    time_calls(gpu, stream, plan, || flash_attn_func_into(gpu, stream, q, k, v, out, lse, opts))
 }

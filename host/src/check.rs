@@ -1,5 +1,7 @@
 //! Comparing a kernel's output with the CPU references under FlashAttention's rule.
-use crate::reference::{AttnResult, Problem, attention_f64, attention_lowp, max_abs_err, within_budget};
+use crate::reference::backward::{Grads, attention_backward_f64, attention_backward_lowp};
+use crate::reference::{AttnResult, HostTensor, Problem, attention_f64, attention_lowp, max_abs_err, within_budget};
+use crate::tensor::round_to;
 use common::DType;
 
 /// Absolute slack on O (FlashAttention's "tiny absolute slack").
@@ -55,4 +57,61 @@ pub fn check(p: &Problem<'_>, dtype: DType, got: &AttnResult<f32>) -> CheckRepor
         lse_err: max_abs_err(&got.lse, &exact.lse),
         lse_err_naive: max_abs_err(&naive.lse, &exact.lse),
     }
+}
+
+/// FlashAttention's absolute slack in its gradient checks, `2 * max|g + 0.3 - 0.3 - g|`
+/// with the reference g in `dtype`: about one ulp of 0.3 in `dtype`. It covers the final
+/// rounding of the gradients to `dtype`: the naive error can sit at half an ulp of the
+/// largest gradients, and a kernel whose f32 result is a hair off on the other side of a
+/// rounding boundary then shows one ulp, twice the naive error without any other fault.
+pub fn grad_slack(exact: &[f64], dtype: DType) -> f64 {
+    let moved = |g: f64| {
+        let x = round_to(dtype, g as f32);
+        (round_to(dtype, round_to(dtype, x + 0.3) - 0.3) - x).abs() as f64
+    };
+    2.0 * exact.iter().map(|&g| moved(g)).fold(0.0, f64::max)
+}
+
+/// Errors of a backward kernel's dQ, dK, dV and of the naive low-precision backward, all
+/// against the exact f64 gradients.
+#[derive(Clone, Copy, Debug)]
+pub struct BwdCheckReport {
+    /// Largest absolute error of the kernel's dQ, dK, dV.
+    pub err: [f64; 3],
+    /// Largest absolute error of the naive backward's ([`attention_backward_lowp`]).
+    pub naive: [f64; 3],
+    /// The absolute slack of each ([`grad_slack`]).
+    pub slack: [f64; 3],
+}
+
+impl BwdCheckReport {
+    /// Whether every gradient is within budget: at most twice the naive error plus its
+    /// slack.
+    pub fn passed(&self) -> bool {
+        (0..3).all(|g| within_budget(self.err[g], self.naive[g], self.slack[g]))
+    }
+}
+
+impl std::fmt::Display for BwdCheckReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (g, name) in ["dQ", "dK", "dV"].iter().enumerate() {
+            write!(
+                f,
+                "max |{name} - exact| = {:.3e} (naive {:.3e}, budget {:.3e}); ",
+                self.err[g],
+                self.naive[g],
+                2.0 * self.naive[g] + self.slack[g]
+            )?;
+        }
+        f.write_str(if self.passed() { "PASS" } else { "FAIL" })
+    }
+}
+
+/// Scores a backward's `got` gradients (packed like q, k, v) for loss gradient `dout`
+/// against the references of `p`.
+pub fn check_backward(p: &Problem<'_>, dout: &HostTensor, dtype: DType, got: &Grads<f32>) -> BwdCheckReport {
+    let exact = attention_backward_f64(p, dout);
+    let naive = attention_backward_lowp(p, dout, dtype).max_abs_err(&exact);
+    let slack = [grad_slack(&exact.dq, dtype), grad_slack(&exact.dk, dtype), grad_slack(&exact.dv, dtype)];
+    BwdCheckReport { err: got.max_abs_err(&exact), naive, slack }
 }

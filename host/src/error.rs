@@ -15,6 +15,16 @@ pub enum Arg {
     Out,
     /// The log-sum-exp output (`lse`).
     Lse,
+    /// The gradient of the loss with respect to the output (`dout`, backward).
+    DOut,
+    /// The gradient output for q (`dq`, backward).
+    Dq,
+    /// The gradient output for k (`dk`, backward).
+    Dk,
+    /// The gradient output for v (`dv`, backward).
+    Dv,
+    /// The caller-given scratch buffer of the backward (`workspace`).
+    Workspace,
 }
 
 impl fmt::Display for Arg {
@@ -25,6 +35,11 @@ impl fmt::Display for Arg {
             Arg::V => "v",
             Arg::Out => "out",
             Arg::Lse => "lse",
+            Arg::DOut => "dout",
+            Arg::Dq => "dq",
+            Arg::Dk => "dk",
+            Arg::Dv => "dv",
+            Arg::Workspace => "workspace",
         })
     }
 }
@@ -93,6 +108,22 @@ pub enum AttnError {
         q: DType,
         /// The output's dtype.
         out: DType,
+    },
+    /// A gradient output shares memory with another argument of the call.
+    Overlap {
+        /// The output.
+        arg: Arg,
+        /// The argument it overlaps.
+        other: Arg,
+    },
+    /// A backward argument's dtype differs from q's.
+    ArgDType {
+        /// The argument.
+        arg: Arg,
+        /// q's dtype, which it must have.
+        expected: DType,
+        /// Its dtype.
+        got: DType,
     },
     /// The head dimension must be contiguous (stride 1).
     NonContiguousLastDim {
@@ -171,6 +202,8 @@ impl fmt::Display for AttnError {
                 v.name()
             ),
             OutDType { q, out } => write!(f, "out must have q's dtype {}, got {}", q.name(), out.name()),
+            Overlap { arg, other } => write!(f, "{arg} overlaps {other} in memory: the gradients need buffers of their own"),
+            ArgDType { arg, expected, got } => write!(f, "{arg} must have q's dtype {}, got {}", expected.name(), got.name()),
             NonContiguousLastDim { arg, stride } => write!(
                 f,
                 "{arg}: the last (head) dimension must be contiguous, its stride is {stride}"

@@ -4,7 +4,8 @@ use crate::error::{Arg, AttnError, Result};
 use crate::tensor::Layout;
 use crate::tma::TensorMapSpec;
 use common::fa3::{self, Techniques};
-use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, Strides, fa2};
+use common::bwd::{self, BwdStage};
+use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, KernelKind, Strides, fa2};
 
 /// Options of an attention call, as in `flash_attn_func`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -20,6 +21,10 @@ pub struct AttnOptions {
     pub algo: Option<Algo>,
     /// How FA3 tiles are spread over the GPU.
     pub schedule: Schedule,
+    /// Backward: dQ, dK and dV bit-identical across runs and stream states (dQ's fp32
+    /// sums are then made in key-block order, each key block waiting for its turn);
+    /// otherwise dQ's partial sums land in whatever order the CTAs finish.
+    pub deterministic: bool,
 }
 
 /// Grid of the FA3 kernels.
@@ -72,6 +77,12 @@ impl AttnOptions {
         self.schedule = schedule;
         self
     }
+    /// Backward: makes dQ, dK and dV bit-identical across runs (see
+    /// [`AttnOptions::deterministic`](struct.AttnOptions.html#structfield.deterministic)).
+    pub fn deterministic(mut self, deterministic: bool) -> Self {
+        self.deterministic = deterministic;
+        self
+    }
 }
 
 /// What validation needs to know about one tensor argument.
@@ -111,6 +122,11 @@ pub struct FwdPlan {
 
 /// Dynamic shared memory of a kernel.
 pub fn smem_bytes(k: &KernelEntry) -> u32 {
+    match k.kind {
+        KernelKind::Backward(BwdStage::Main) => return bwd::SmemLayout::new(k.hdim).total,
+        KernelKind::Backward(_) => return 0,
+        KernelKind::Forward => {}
+    }
     match k.algo {
         Algo::Fa2 => fa2::smem_bytes(k.hdim),
         Algo::Fa3(_) => fa3::kernel_config(k).map_or(0, |c| c.smem().total),
@@ -119,6 +135,11 @@ pub fn smem_bytes(k: &KernelEntry) -> u32 {
 
 /// Threads per CTA of a kernel.
 pub fn block_threads(k: &KernelEntry) -> u32 {
+    match k.kind {
+        KernelKind::Backward(BwdStage::Main) => return bwd::THREADS,
+        KernelKind::Backward(_) => return bwd::AUX_THREADS,
+        KernelKind::Forward => {}
+    }
     match k.algo {
         Algo::Fa2 => fa2::THREADS,
         Algo::Fa3(_) => fa3::kernel_config(k).map_or(0, |c| c.threads()),
@@ -126,11 +147,11 @@ pub fn block_threads(k: &KernelEntry) -> u32 {
 }
 
 /// Largest grid y/z extent.
-const MAX_GRID_YZ: usize = 65_535;
+pub(crate) const MAX_GRID_YZ: usize = 65_535;
 /// Sequence lengths are indexed with i32 in the kernels (with room for tile overrun).
-const MAX_SEQLEN: usize = (i32::MAX / 2) as usize;
+pub(crate) const MAX_SEQLEN: usize = (i32::MAX / 2) as usize;
 
-fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
+pub(crate) fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
     let l = &t.layout;
     if l.shape.contains(&0) {
         return Err(AttnError::EmptyDim { arg, shape: l.shape });
@@ -180,7 +201,7 @@ pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize)
     if seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k.min(SECTION_MAX_HEADS_LOG2) }
 }
 
-fn strides(l: &Layout) -> Strides {
+pub(crate) fn strides(l: &Layout) -> Strides {
     Strides { batch: l.strides[0] as u64, row: l.strides[1] as u64, head: l.strides[2] as u64 }
 }
 

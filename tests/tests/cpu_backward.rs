@@ -3,6 +3,7 @@
 //! the kernels run) equals them on random shapes, tiles and masks, its causal block
 //! skipping is exact, and the naive low-precision backward gives a meaningful budget that
 //! the tiled algorithm with rounded operands meets under FlashAttention's 2x rule.
+use flash_attn3::check::grad_slack as fa_slack;
 use flash_attn3::{DType, round_to};
 use flash_attn3::reference::backward::{
     BwdTiling, Grads, attention_backward_f64, attention_backward_lowp, attention_backward_tiled,
@@ -220,19 +221,6 @@ fn lowp_backward_error_is_small_but_nonzero() {
             }
         }
     }
-}
-
-/// FlashAttention's absolute slack in its gradient checks, `2 * max|g + 0.3 - 0.3 - g|`
-/// with the reference g in `dtype`: about one ulp of 0.3 in `dtype`. It covers the final
-/// rounding of the gradients to `dtype`: the naive error can sit at half an ulp of the
-/// largest gradients, and a kernel whose f32 result is a hair off on the other side of a
-/// rounding boundary then shows one ulp, twice the naive error without any other fault.
-fn fa_slack(exact: &[f64], dtype: DType) -> f64 {
-    let moved = |g: f64| {
-        let x = round_to(dtype, g as f32);
-        (round_to(dtype, round_to(dtype, x + 0.3) - 0.3) - x).abs() as f64
-    };
-    2.0 * exact.iter().map(|&g| moved(g)).fold(0.0, f64::max)
 }
 
 /// The rule the GPU backward is held to: with P and dS rounded to f16/bf16 as tensor-core

@@ -11,6 +11,9 @@ use flash_attn3::{
     Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into, round_to,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
+use support::{bits, padded, transposed};
+
+mod support;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
@@ -203,21 +206,6 @@ fn cases() -> Vec<Case> {
         v.push(Case { b: 8, sq: 1000, sk: 1000, hq: 16, hk: 4, ..base });
     }
     v
-}
-
-/// Strided layouts with gaps: padded heads (+8 elements) and rows (+1 head).
-fn padded(shape: [usize; 4]) -> (Layout, usize) {
-    let [b, s, h, d] = shape;
-    let head = d + 8;
-    let row = (h + 1) * head;
-    let batch = (s + 1) * row;
-    (Layout { shape, strides: [batch, row, head, 1] }, b * batch)
-}
-
-/// `[b, h, s, d]` storage viewed as `[b, s, h, d]`.
-fn transposed(shape: [usize; 4]) -> (Layout, usize) {
-    let [b, s, h, d] = shape;
-    (Layout { shape, strides: [h * s * d, d, s * d, 1] }, b * h * s * d)
 }
 
 struct Outputs {
@@ -613,29 +601,12 @@ fn a_stream_of_another_context_handle_is_refused() -> Result<(), Failed> {
     }
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 fn main() {
     let mut args = Arguments::from_args();
     // One case at a time: each already uses every core for its CPU reference.
     args.test_threads.get_or_insert(1);
-    let gpu = match Gpu::new(0) {
-        Ok(g) => {
-            let i = g.info();
-            println!("GPU tests on {} (sm_{}{}, {} SMs)", i.name, i.major, i.minor, i.sm_count);
-            Some(Arc::new(g))
-        }
-        Err(e) => {
-            if std::env::var("FA3_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                eprintln!("FA3_REQUIRE_GPU=1 but no usable GPU: {e}");
-                std::process::exit(1);
-            }
-            println!("GPU tests SKIPPED (reported as ignored): no usable GPU: {e}");
-            None
-        }
-    };
+    let gpu = support::gpu_or_skip("GPU tests");
     let mut trials: Vec<Trial> = cases()
         .into_iter()
         .map(|c| {

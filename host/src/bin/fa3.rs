@@ -4,12 +4,16 @@
 mod cli;
 
 use clap::Parser;
-use cli::{BenchArgs, Cli, Command, InfoArgs, PlotArgs, RunArgs, Shape};
-use flash_attn3::bench::{fwd_flops, time_forward};
-use flash_attn3::check::check;
+use cli::{BenchArgs, Cli, Command, InfoArgs, PassArg, PlotArgs, RunArgs, Shape};
+use flash_attn3::bench::{TimingPlan, fwd_flops, time_calls, time_forward};
+use flash_attn3::check::{check, check_backward};
+use flash_attn3::reference::backward::Grads as HostGrads;
 use flash_attn3::plot::{self, PlotError, Point};
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng};
-use flash_attn3::{AttnError, AttnOptions, DType, DeviceTensor, Gpu, flash_attn_func};
+use flash_attn3::{
+    AttnError, AttnOptions, DType, DeviceTensor, Gpu, backward_workspace_bytes, flash_attn_backward, flash_attn_backward_into, flash_attn_func,
+    flash_attn_func_into,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
 use std::io::Write;
@@ -80,10 +84,12 @@ struct Inputs {
     q: HostTensor,
     k: HostTensor,
     v: HostTensor,
+    /// dL/dO, for the backward.
+    dout: Option<HostTensor>,
     dtype: DType,
 }
 
-fn load_safetensors(path: &Path) -> CliResult<Inputs> {
+fn load_safetensors(path: &Path, backward: bool) -> CliResult<Inputs> {
     let bytes = std::fs::read(path).map_err(|e| CliError::Io(format!("{}: {e}", path.display())))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| CliError::Io(format!("{}: {e}", path.display())))?;
     let mut dtype = None;
@@ -113,29 +119,55 @@ fn load_safetensors(path: &Path) -> CliResult<Inputs> {
         Ok(HostTensor::new(shape, data))
     };
     let (q, k, v) = (read("q")?, read("k")?, read("v")?);
-    Ok(Inputs { q, k, v, dtype: dtype.expect("q was read") })
+    let dout = if backward { Some(read("do")?) } else { None };
+    Ok(Inputs { q, k, v, dout, dtype: dtype.expect("q was read") })
 }
 
-fn write_safetensors(path: &Path, dtype: DType, shape: [usize; 4], o: &[f32], lse: &[f32], lse_shape: [usize; 3]) -> CliResult<()> {
-    let o_bytes: Vec<u8> = match dtype {
-        DType::F16 => o.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
-        DType::BF16 => o.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
-    };
-    let lse_bytes: Vec<u8> = lse.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let st_dtype = match dtype {
-        DType::F16 => StDtype::F16,
-        DType::BF16 => StDtype::BF16,
-    };
+/// One tensor to write: its name, shape, element type (`None`: f32) and values.
+struct Named<'a>(&'static str, Vec<usize>, Option<DType>, &'a [f32]);
+
+fn write_safetensors(path: &Path, tensors: &[Named<'_>]) -> CliResult<()> {
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|Named(_, _, dtype, data)| match dtype {
+            Some(DType::F16) => data.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+            Some(DType::BF16) => data.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+            None => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        })
+        .collect();
     let io = |e: safetensors::SafeTensorError| CliError::Io(format!("{}: {e}", path.display()));
-    let tensors = vec![
-        ("o", TensorView::new(st_dtype, shape.to_vec(), &o_bytes).map_err(io)?),
-        ("lse", TensorView::new(StDtype::F32, lse_shape.to_vec(), &lse_bytes).map_err(io)?),
-    ];
-    safetensors::serialize_to_file(tensors, None, path).map_err(io)
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(Named(name, shape, dtype, _), b)| {
+            let st = match dtype {
+                Some(DType::F16) => StDtype::F16,
+                Some(DType::BF16) => StDtype::BF16,
+                None => StDtype::F32,
+            };
+            Ok((*name, TensorView::new(st, shape.clone(), b).map_err(io)?))
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    safetensors::serialize_to_file(views, None, path).map_err(io)
 }
 
 fn cmd_run(a: RunArgs) -> CliResult<()> {
-    let RunArgs { input, random, seqlen_k, heads_k, dtype, causal, scale, output, check: do_check, seed, device, kernel } = a;
+    let RunArgs {
+        input,
+        random,
+        seqlen_k,
+        heads_k,
+        dtype,
+        causal,
+        scale,
+        output,
+        check: do_check,
+        backward,
+        deterministic,
+        seed,
+        device,
+        kernel,
+    } = a;
     let dtype: DType = dtype.map_or(DType::BF16, DType::from);
     let seed = seed.unwrap_or_else(clock_seed);
     let (algo, schedule) = (kernel.algo.algo(), kernel.schedule.into());
@@ -151,7 +183,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     let inputs = match (input, random) {
         (Some(path), None) => {
             eprintln!("reading {}", path.display());
-            load_safetensors(&path)?
+            load_safetensors(&path, backward)?
         }
         (None, Some(Shape([b, s, h, d]))) => {
             let (sk, hk) = (seqlen_k.unwrap_or(s), heads_k.unwrap_or(h));
@@ -161,6 +193,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
                 q: HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r),
                 k: HostTensor::randn([b, sk, hk, d], dtype, 1.0, &mut r),
                 v: HostTensor::randn([b, sk, hk, d], dtype, 1.0, &mut r),
+                dout: backward.then(|| HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r)),
                 dtype,
             }
         }
@@ -172,7 +205,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
-    let mut opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule) };
+    let mut opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(deterministic) };
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
     }
@@ -188,9 +221,28 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         inputs.dtype.name(),
         elapsed.as_secs_f64() * 1e3
     );
+    let grads = match &inputs.dout {
+        Some(dout) => {
+            let dout = up(dout)?;
+            let t0 = Instant::now();
+            let g = flash_attn_backward(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &res.out.as_ref(), &res.lse, &dout.as_ref(), &opts)?;
+            stream.synchronize().map_err(AttnError::from)?;
+            println!("computed dQ, dK, dV on the GPU in {:.2} ms (first call, includes launch)", t0.elapsed().as_secs_f64() * 1e3);
+            Some(HostGrads { dq: g.dq.to_f32(&stream)?, dk: g.dk.to_f32(&stream)?, dv: g.dv.to_f32(&stream)? })
+        }
+        None => None,
+    };
     if let Some(path) = &output {
-        write_safetensors(path, inputs.dtype, inputs.q.shape, &o, &lse, [b, h, s])?;
-        println!("wrote o and lse to {}", path.display());
+        let dt = Some(inputs.dtype);
+        let mut named = vec![Named("o", inputs.q.shape.to_vec(), dt, &o), Named("lse", vec![b, h, s], None, &lse)];
+        if let Some(g) = &grads {
+            named.push(Named("dq", inputs.q.shape.to_vec(), dt, &g.dq));
+            named.push(Named("dk", inputs.k.shape.to_vec(), dt, &g.dk));
+            named.push(Named("dv", inputs.v.shape.to_vec(), dt, &g.dv));
+        }
+        write_safetensors(path, &named)?;
+        let names: Vec<&str> = named.iter().map(|n| n.0).collect();
+        println!("wrote {} to {}", names.join(", "), path.display());
     }
     if do_check {
         eprintln!("checking against the CPU references (f64 exact and naive low precision)...");
@@ -203,7 +255,13 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         };
         let report = check(&p, inputs.dtype, &AttnResult { o, lse });
         println!("check: {report}");
-        if !report.passed() {
+        let mut passed = report.passed();
+        if let (Some(g), Some(dout)) = (&grads, &inputs.dout) {
+            let report = check_backward(&p, dout, inputs.dtype, g);
+            println!("check backward: {report}");
+            passed &= report.passed();
+        }
+        if !passed {
             return Err(CliError::CheckFailed);
         }
     }
@@ -296,6 +354,26 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
         .collect::<Result<_, _>>()?;
     let mut out = DeviceTensor::alloc(&stream, dtype, [1, TOKENS, 1, HIDDEN])?;
     let mut lse = stream.alloc_zeros::<f32>(TOKENS * HIDDEN / 64).map_err(AttnError::from)?;
+    // The backward's dO, gradients and workspace, allocated once (no allocation in the
+    // timed calls).
+    let backward = a.pass != PassArg::Fwd;
+    let mut dout_and_grads = Vec::new();
+    let mut workspace = None;
+    if backward {
+        let dout = HostTensor::randn([1, TOKENS, 1, HIDDEN], dtype, 1.0, &mut r).data;
+        dout_and_grads.push(DeviceTensor::from_f32(&stream, dtype, [1, TOKENS, 1, HIDDEN], &dout)?);
+        for _ in 0..3 {
+            dout_and_grads.push(DeviceTensor::alloc(&stream, dtype, [1, TOKENS, 1, HIDDEN])?);
+        }
+        let bytes = hdims
+            .iter()
+            .flat_map(|&d| seqlens.iter().map(move |&s| backward_workspace_bytes(TOKENS / s, s, HIDDEN / d, d)))
+            .max()
+            .unwrap_or(0);
+        // SAFETY: the backward writes every workspace byte it reads.
+        workspace = Some(unsafe { stream.alloc::<u8>(bytes.max(1)) }.map_err(AttnError::from)?);
+    }
+    let (suffix, flops_factor) = a.pass.series_suffix_and_flops();
     // On stderr, and only where it is a terminal: logs and stdout stay clean.
     let total = hdims.len() * seqlens.len() * causal_modes.len();
     let progress = ProgressBar::new(total as u64).with_style(progress_style());
@@ -313,16 +391,32 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     if causal { "causal" } else { "non-causal" }
                 ));
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
-                let mut o = out.view_mut(shape);
-                let opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule) };
+                let opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic) };
                 // Idle time before each config: with `--warmup-ms 0`, a short burst at the
                 // clock of a cool card, as the anchors and the FA3 paper time (docs/perf.md).
                 std::thread::sleep(std::time::Duration::from_millis(a.cooldown_ms));
-                // Sustained load before each timing (see `time_forward`).
-                let t = time_forward(
-                    &gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, a.warmup, a.warmup_ms, iters, a.timing_ms,
-                )?;
-                let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
+                // Sustained load before each timing (see `time_calls`).
+                let timing = TimingPlan { warmup: a.warmup, warmup_ms: a.warmup_ms, iters, timing_ms: a.timing_ms };
+                let t = if backward {
+                    // O and the LSE of this config for the backward to start from.
+                    flash_attn_func_into(&gpu, &stream, &q, &k, &v, &mut out.view_mut(shape), &mut lse, &opts)?;
+                    let [dout, dq, dk, dv] = &mut dout_and_grads[..] else { unreachable!("four buffers") };
+                    let dout = dout.view(shape);
+                    let (mut dq, mut dk, mut dv) = (dq.view_mut(shape), dk.view_mut(shape), dv.view_mut(shape));
+                    let ws = workspace.as_mut().expect("allocated for the backward");
+                    let both = a.pass == PassArg::Fwdbwd;
+                    time_calls(&gpu, &stream, timing, || {
+                        if both {
+                            flash_attn_func_into(&gpu, &stream, &q, &k, &v, &mut out.view_mut(shape), &mut lse, &opts)?;
+                        }
+                        let o = out.view(shape);
+                        flash_attn_backward_into(&gpu, &stream, &q, &k, &v, &o, &lse, &dout, &mut dq, &mut dk, &mut dv, Some(&mut *ws), &opts)
+                    })?
+                } else {
+                    let mut o = out.view_mut(shape);
+                    time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, a.warmup, a.warmup_ms, iters, a.timing_ms)?
+                };
+                let tflops = flops_factor * fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
                 progress.suspend(|| {
                     println!(
                         "{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1} {:>8.1}",
@@ -333,7 +427,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     std::io::stdout().flush().ok();
                 });
                 progress.inc(1);
-                let series = format!("rust-{algo_name}");
+                let series = format!("rust-{algo_name}{suffix}");
                 rows.push(format!(
                     "{series},{},{hdim},{seqlen},{batch},{heads},{},{:.4},{tflops:.1}",
                     dtype.name(),

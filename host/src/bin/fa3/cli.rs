@@ -18,13 +18,13 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Computes O and LSE on the GPU, from a safetensors file or random inputs
+    /// Computes O and LSE (and with --backward dQ, dK, dV) on the GPU, from a safetensors file or random inputs
     ///
-    /// Input: a safetensors file with q, k, v ([batch, seqlen, heads, hdim], f16 or bf16),
-    /// or random normal inputs. Without a usable GPU it checks a small case of the same
+    /// Input: a safetensors file with q, k, v (and do: dL/dO, for --backward) ([batch,
+    /// seqlen, heads, hdim], f16 or bf16), or random normal inputs. Without a usable GPU it checks a small case of the same
     /// algorithm on the CPU instead, labelled as such.
     Run(RunArgs),
-    /// Times the forward pass over the FlashAttention-3 paper's grid
+    /// Times the forward (or backward) pass over the FlashAttention-3 paper's grid
     ///
     /// batch = 16384 / seqlen, heads = 2048 / hdim. Prints one line per config on stdout,
     /// and a progress bar on stderr when stderr is a terminal.
@@ -67,6 +67,13 @@ pub struct RunArgs {
     /// Compare with the CPU references (f64 exact, naive low precision); exit 1 if outside the budget
     #[arg(long)]
     pub check: bool,
+    /// Also run the backward: dO is read from the input file's `do` (or random), and dq,
+    /// dk, dv join o and lse in the output
+    #[arg(long)]
+    pub backward: bool,
+    /// Backward: the deterministic mode
+    #[arg(long, requires = "backward")]
+    pub deterministic: bool,
     /// Random seed [default: from the clock]
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -122,6 +129,13 @@ pub struct BenchArgs {
     /// Turn cudarc's event tracking off (measures what its per-buffer waits cost)
     #[arg(long)]
     pub untracked: bool,
+    /// What to time: the forward, the backward (preprocess, main and postprocess
+    /// launches; FLOPs 2.5x the forward's), or both in a row
+    #[arg(long, value_enum, value_name = "PASS", default_value_t = PassArg::Fwd)]
+    pub pass: PassArg,
+    /// Backward: the deterministic mode (dQ summed in key-block order)
+    #[arg(long)]
+    pub deterministic: bool,
     /// Write the results as CSV (impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops)
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
@@ -258,6 +272,28 @@ impl From<ScheduleArg> for Schedule {
             ScheduleArg::Dynamic => Schedule::PersistentDynamic,
             ScheduleArg::Multicast => Schedule::PersistentMulticast,
             ScheduleArg::Tile => Schedule::TilePerCta,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PassArg {
+    /// The forward pass
+    Fwd,
+    /// The backward pass (after one untimed forward for O and the LSE)
+    Bwd,
+    /// A forward and a backward
+    Fwdbwd,
+}
+
+impl PassArg {
+    /// The suffix of the CSV's impl name, and the FLOPs of one timed call relative to
+    /// the forward's.
+    pub fn series_suffix_and_flops(self) -> (&'static str, f64) {
+        match self {
+            PassArg::Fwd => ("", 1.0),
+            PassArg::Bwd => ("-bwd", 2.5),
+            PassArg::Fwdbwd => ("-fwdbwd", 3.5),
         }
     }
 }

@@ -1,0 +1,279 @@
+//! Validation and launch planning of the backward pass: pure functions of shapes,
+//! strides, dtypes and addresses, so every misuse is caught (and tested) without a GPU.
+use crate::error::{Arg, AttnError, Result};
+use crate::plan::{AttnOptions, MAX_GRID_YZ, MAX_SEQLEN, TensorDesc, check_tensor, strides};
+use crate::tma::TensorMapSpec;
+use common::bwd::{self, BwdParams, BwdStage};
+use common::KernelEntry;
+
+/// Alignment of each region of the workspace.
+const REGION_ALIGN: usize = 256;
+
+/// Where the backward's scratch lives inside a workspace buffer (byte offsets), and how
+/// big the buffer must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkspaceLayout {
+    /// f32 LSE times log2 e, `[batch, heads_q, padded_rows]`.
+    pub lse_log2: usize,
+    /// f32 `D = rowsum(dO ∘ O)`, same shape.
+    pub dpsum: usize,
+    /// f32 dQ accumulator, `[batch, heads_q, padded_rows, hdim]`.
+    pub dq_accum: usize,
+    /// u32 per (batch, head, query block): the deterministic mode's turn counters.
+    pub semaphores: usize,
+    /// Bytes in all.
+    pub bytes: usize,
+}
+
+impl WorkspaceLayout {
+    /// The layout for q of shape `[batch, seqlen_q, heads_q, hdim]` (hdim 64 or 128).
+    pub fn new(batch: usize, seqlen_q: usize, heads_q: usize, hdim: usize) -> Self {
+        let up = |x: usize| x.div_ceil(REGION_ALIGN) * REGION_ALIGN;
+        let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32) as usize;
+        let vector = up(batch * heads_q * padded * 4);
+        let accum = up(batch * heads_q * padded * hdim * 4);
+        let semaphores = up(batch * heads_q * seqlen_q.div_ceil(bwd::block_m(hdim as u32) as usize) * 4);
+        WorkspaceLayout { lse_log2: 0, dpsum: vector, dq_accum: 2 * vector, semaphores: 2 * vector + accum, bytes: 2 * vector + accum + semaphores }
+    }
+}
+
+/// Bytes of workspace a backward call on q of shape `[batch, seqlen_q, heads_q, hdim]`
+/// needs (pass at least this much to [`crate::flash_attn_backward_into`]).
+pub fn backward_workspace_bytes(batch: usize, seqlen_q: usize, heads_q: usize, hdim: usize) -> usize {
+    WorkspaceLayout::new(batch, seqlen_q, heads_q, hdim).bytes
+}
+
+/// One launch of the backward.
+#[derive(Clone, Copy, Debug)]
+pub struct Launch {
+    /// The kernel.
+    pub kernel: &'static KernelEntry,
+    /// Grid, in CTAs.
+    pub grid: (u32, u32, u32),
+    /// Threads per CTA.
+    pub block: u32,
+    /// Dynamic shared memory, bytes.
+    pub smem_bytes: u32,
+}
+
+/// A checked backward call: its three launches, their shared parameter block, and the
+/// main kernel's tensor maps (q, k, v, dout).
+#[derive(Clone, Copy, Debug)]
+pub struct BwdPlan {
+    /// Preprocess, main, postprocess, in order.
+    pub launches: [Launch; 3],
+    /// The parameter block (device addresses filled in).
+    pub params: BwdParams,
+    /// The main kernel's TMA maps.
+    pub tma: [TensorMapSpec; 4],
+}
+
+/// The tensors of a backward call, as validation sees them.
+#[derive(Clone, Copy, Debug)]
+pub struct BwdTensors {
+    /// The forward's queries.
+    pub q: TensorDesc,
+    /// The forward's keys.
+    pub k: TensorDesc,
+    /// The forward's values.
+    pub v: TensorDesc,
+    /// The forward's output O.
+    pub out: TensorDesc,
+    /// The gradient of the loss with respect to O.
+    pub dout: TensorDesc,
+    /// The forward's LSE: (device address, elements).
+    pub lse: (u64, usize),
+    /// The gradient outputs for q, k and v.
+    pub dq: TensorDesc,
+    /// See [`BwdTensors::dq`].
+    pub dk: TensorDesc,
+    /// See [`BwdTensors::dq`].
+    pub dv: TensorDesc,
+    /// Scratch: (device address, bytes).
+    pub workspace: (u64, usize),
+}
+
+/// Validates a backward call and plans its launches.
+pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions) -> Result<BwdPlan> {
+    let dtype = t.q.dtype;
+    if t.k.dtype != dtype || t.v.dtype != dtype {
+        return Err(AttnError::DTypeMismatch { q: dtype, k: t.k.dtype, v: t.v.dtype });
+    }
+    for (arg, d) in [(Arg::Out, &t.out), (Arg::DOut, &t.dout), (Arg::Dq, &t.dq), (Arg::Dk, &t.dk), (Arg::Dv, &t.dv)] {
+        if d.dtype != dtype {
+            return Err(AttnError::ArgDType { arg, expected: dtype, got: d.dtype });
+        }
+    }
+    let all = [
+        (Arg::Q, &t.q),
+        (Arg::K, &t.k),
+        (Arg::V, &t.v),
+        (Arg::Out, &t.out),
+        (Arg::DOut, &t.dout),
+        (Arg::Dq, &t.dq),
+        (Arg::Dk, &t.dk),
+        (Arg::Dv, &t.dv),
+    ];
+    for (arg, d) in all {
+        check_tensor(arg, d)?;
+    }
+    let [batch, seqlen_q, heads_q, hdim] = t.q.layout.shape;
+    let [batch_k, seqlen_k, heads_k, hdim_k] = t.k.layout.shape;
+    if batch_k != batch {
+        return Err(AttnError::ShapeMismatch(format!("q has batch {batch}, k has {batch_k}")));
+    }
+    if hdim_k != hdim {
+        return Err(AttnError::ShapeMismatch(format!("q has head dim {hdim}, k/v have {hdim_k}")));
+    }
+    for (arg, d, want) in [
+        (Arg::V, &t.v, t.k.layout.shape),
+        (Arg::Out, &t.out, t.q.layout.shape),
+        (Arg::DOut, &t.dout, t.q.layout.shape),
+        (Arg::Dq, &t.dq, t.q.layout.shape),
+        (Arg::Dk, &t.dk, t.k.layout.shape),
+        (Arg::Dv, &t.dv, t.k.layout.shape),
+    ] {
+        if d.layout.shape != want {
+            let of = if matches!(arg, Arg::V | Arg::Dk | Arg::Dv) { "k" } else { "q" };
+            return Err(AttnError::ShapeMismatch(format!("{arg} must have {of}'s shape {want:?}, got {:?}", d.layout.shape)));
+        }
+    }
+    if !bwd::HEAD_DIMS.contains(&(hdim as u32)) {
+        return Err(AttnError::UnsupportedHeadDim { hdim, supported: &bwd::HEAD_DIMS });
+    }
+    if heads_q % heads_k != 0 {
+        return Err(AttnError::HeadsNotDivisible { heads_q, heads_k });
+    }
+    let lse_needed = batch * heads_q * seqlen_q;
+    if t.lse.1 < lse_needed {
+        return Err(AttnError::OutOfBounds { arg: Arg::Lse, needed: lse_needed, len: t.lse.1 });
+    }
+    if t.lse.0 % 4 != 0 {
+        return Err(AttnError::Misaligned { arg: Arg::Lse, detail: format!("address {:#x} is not 4-byte aligned", t.lse.0) });
+    }
+    let ws = WorkspaceLayout::new(batch, seqlen_q, heads_q, hdim);
+    if t.workspace.1 < ws.bytes {
+        return Err(AttnError::OutOfBounds { arg: Arg::Workspace, needed: ws.bytes, len: t.workspace.1 });
+    }
+    if t.workspace.0 % REGION_ALIGN as u64 != 0 {
+        return Err(AttnError::Misaligned {
+            arg: Arg::Workspace,
+            detail: format!("address {:#x} is not {REGION_ALIGN}-byte aligned", t.workspace.0),
+        });
+    }
+    // Outputs must not overlap anything else the call reads or writes: the kernels would
+    // read what they are overwriting.
+    check_disjoint(&all)?;
+    let scale = opts.softmax_scale.unwrap_or(1.0 / (hdim as f32).sqrt());
+    if !scale.is_finite() || scale < 0.0 {
+        return Err(AttnError::InvalidScale(scale));
+    }
+    if seqlen_q > MAX_SEQLEN || seqlen_k > MAX_SEQLEN {
+        return Err(AttnError::TooLarge(format!("sequence length over {MAX_SEQLEN}")));
+    }
+    if heads_q > MAX_GRID_YZ || batch > MAX_GRID_YZ {
+        return Err(AttnError::TooLarge(format!("batch ({batch}) and heads ({heads_q}) must each be at most {MAX_GRID_YZ}")));
+    }
+    let find = |stage| bwd::find(stage, hdim as u32, dtype).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
+    let (pre, main, post) = (find(BwdStage::Preprocess)?, find(BwdStage::Main)?, find(BwdStage::Postprocess)?);
+    let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32);
+    let ws_addr = t.workspace.0;
+    let params = BwdParams {
+        q: t.q.addr,
+        k: t.k.addr,
+        v: t.v.addr,
+        o: t.out.addr,
+        dout: t.dout.addr,
+        lse: t.lse.0,
+        dq: t.dq.addr,
+        dk: t.dk.addr,
+        dv: t.dv.addr,
+        lse_log2: ws_addr + ws.lse_log2 as u64,
+        dpsum: ws_addr + ws.dpsum as u64,
+        dq_accum: ws_addr + ws.dq_accum as u64,
+        dq_semaphore: if opts.deterministic { ws_addr + ws.semaphores as u64 } else { 0 },
+        q_strides: strides(&t.q.layout),
+        k_strides: strides(&t.k.layout),
+        v_strides: strides(&t.v.layout),
+        o_strides: strides(&t.out.layout),
+        dout_strides: strides(&t.dout.layout),
+        dq_strides: strides(&t.dq.layout),
+        dk_strides: strides(&t.dk.layout),
+        dv_strides: strides(&t.dv.layout),
+        batch: batch as u32,
+        heads_q: heads_q as u32,
+        heads_k: heads_k as u32,
+        kv_group: (heads_q / heads_k) as u32,
+        seqlen_q: seqlen_q as u32,
+        seqlen_k: seqlen_k as u32,
+        padded_rows: padded,
+        hdim: hdim as u32,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        softmax_scale: scale,
+        causal: opts.causal as u32,
+    };
+    let (b, hq, hk) = (batch as u32, heads_q as u32, heads_k as u32);
+    let aux = |kernel, rows: u32| Launch { kernel, grid: (rows.div_ceil(bwd::PREPROCESS_ROWS), hq, b), block: bwd::AUX_THREADS, smem_bytes: 0 };
+    let launches = [
+        aux(pre, padded),
+        Launch {
+            kernel: main,
+            grid: ((seqlen_k as u32).div_ceil(bwd::BLOCK_N), hk, b),
+            block: bwd::THREADS,
+            smem_bytes: bwd::SmemLayout::new(hdim as u32).total,
+        },
+        aux(post, seqlen_q as u32),
+    ];
+    let chunks = hdim as u32 / 64;
+    let block_m = bwd::block_m(hdim as u32);
+    let map = |arg, d: &TensorDesc, rows| TensorMapSpec::bshd(arg, d.dtype, d.addr, &d.layout, rows, chunks);
+    let tma = [
+        map(Arg::Q, &t.q, block_m)?,
+        map(Arg::K, &t.k, bwd::BLOCK_N)?,
+        map(Arg::V, &t.v, bwd::BLOCK_N)?,
+        map(Arg::DOut, &t.dout, block_m)?,
+    ];
+    Ok(BwdPlan { launches, params, tma })
+}
+
+/// The byte range a strided view spans inside its buffer.
+fn span(d: &TensorDesc) -> (u64, u64) {
+    let bytes = d.layout.extent().unwrap_or(0) as u64 * 2;
+    (d.addr, d.addr + bytes)
+}
+
+/// No gradient output overlaps another argument (outputs are written while inputs are
+/// read, and two outputs would overwrite each other).
+fn check_disjoint(all: &[(Arg, &TensorDesc)]) -> Result<()> {
+    for (i, (a, da)) in all.iter().enumerate() {
+        if !matches!(a, Arg::Dq | Arg::Dk | Arg::Dv) {
+            continue;
+        }
+        let (a0, a1) = span(da);
+        for (j, (b, db)) in all.iter().enumerate() {
+            let (b0, b1) = span(db);
+            if i != j && a0 < b1 && b0 < a1 {
+                return Err(AttnError::Overlap { arg: *a, other: *b });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_regions_are_aligned_and_disjoint() {
+        let w = WorkspaceLayout::new(3, 1000, 5, 128);
+        let padded = 1024;
+        assert_eq!(w.dpsum - w.lse_log2, (3 * 5 * padded * 4usize).div_ceil(256) * 256);
+        assert!(w.dq_accum >= w.dpsum + 3 * 5 * padded * 4);
+        assert!(w.semaphores >= w.dq_accum + 3 * 5 * padded * 128 * 4);
+        assert!(w.bytes >= w.semaphores + 3 * 5 * 16 * 4);
+        for off in [w.lse_log2, w.dpsum, w.dq_accum, w.semaphores, w.bytes] {
+            assert_eq!(off % 256, 0);
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! GPU tests of the backward: dQ, dK, dV against the exact f64 gradients under
+//! FlashAttention's rule (max error <= 2 x the naive low-precision backward's + one ulp
+//! of 0.3, [`flash_attn3::check::grad_slack`]), on fresh random inputs at awkward sizes,
+//! GQA/MQA, causal with seqlen_q != seqlen_k (rows that see no key), strided outputs with
+//! NaN in their gaps, gradients poisoned with NaN before each launch, inputs never
+//! modified, and the deterministic mode bit-identical across launches and streams.
+//!
+//! Without a usable GPU every test is reported as ignored and the reason is printed.
+use cudarc::driver::CudaStream;
+use flash_attn3::check::check_backward;
+use flash_attn3::reference::backward::Grads as HostGrads;
+use flash_attn3::reference::{HostTensor, Problem, rng};
+use flash_attn3::{
+    AttnError, AttnOptions, DType, DeviceTensor, Gpu, Layout, backward_workspace_bytes, flash_attn_backward_into,
+    flash_attn_func,
+};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::Arc;
+use support::{bits, padded, transposed};
+
+mod support;
+
+#[derive(Clone, Debug)]
+struct Case {
+    dtype: DType,
+    d: usize,
+    b: usize,
+    sq: usize,
+    sk: usize,
+    hq: usize,
+    hk: usize,
+    causal: bool,
+    /// q and dout stored `[b, h, s, d]`, k/v and the gradients with padded rows and heads
+    /// (NaN in every gap).
+    strided: bool,
+    deterministic: bool,
+}
+
+impl Case {
+    fn base(dtype: DType, d: usize, causal: bool) -> Self {
+        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false }
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}",
+            self.dtype.name(),
+            self.d,
+            self.b,
+            self.sq,
+            self.sk,
+            self.hq,
+            self.hk,
+            if self.causal { "causal" } else { "full" },
+            if self.strided { "_strided" } else { "" },
+            if self.deterministic { "_deterministic" } else { "" },
+        )
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for dtype in DType::ALL {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let base = Case::base(dtype, d, causal);
+                for s in [1, 17, 1000] {
+                    v.push(Case { sq: s, sk: s, ..base.clone() });
+                }
+                // seqlen_q != seqlen_k both ways (rows without keys when causal), GQA 4 and MQA.
+                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+            }
+        }
+    }
+    for d in [64, 128] {
+        for causal in [false, true] {
+            let base = Case::base(DType::BF16, d, causal);
+            v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, strided: true, ..base.clone() });
+            let base = Case::base(DType::F16, d, causal);
+            v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base });
+        }
+    }
+    let base = Case::base(DType::F16, 128, true);
+    v.push(Case { b: 1, sq: 4097, sk: 4097, hq: 2, hk: 2, ..base });
+    v
+}
+
+/// The gradients of one launch.
+struct Outputs {
+    grads: [DeviceTensor; 3],
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    c: &Case,
+    inputs: &[DeviceTensor; 4],
+    out: &DeviceTensor,
+    lse: &cudarc::driver::CudaSlice<f32>,
+    workspace: Option<&mut cudarc::driver::CudaSlice<u8>>,
+) -> Result<Outputs, Failed> {
+    let layout = |shape: [usize; 4]| if c.strided { padded(shape) } else { (Layout::contiguous(shape), shape.iter().product()) };
+    let poisoned = |shape| -> Result<DeviceTensor, AttnError> {
+        let (l, len) = layout(shape);
+        DeviceTensor::from_f32_strided(stream, c.dtype, l, len, &vec![f32::NAN; l.numel()], f32::NAN)
+    };
+    let (qs, ks) = ([c.b, c.sq, c.hq, c.d], [c.b, c.sk, c.hk, c.d]);
+    let mut grads = [poisoned(qs)?, poisoned(ks)?, poisoned(ks)?];
+    let [q, k, v, dout] = inputs;
+    let opts = AttnOptions::default().causal(c.causal).deterministic(c.deterministic);
+    let [dq, dk, dv] = &mut grads;
+    flash_attn_backward_into(
+        gpu,
+        stream,
+        &q.as_ref(),
+        &k.as_ref(),
+        &v.as_ref(),
+        &out.as_ref(),
+        lse,
+        &dout.as_ref(),
+        &mut dq.as_mut(),
+        &mut dk.as_mut(),
+        &mut dv.as_mut(),
+        workspace,
+        &opts,
+    )?;
+    stream.synchronize()?;
+    Ok(Outputs { grads })
+}
+
+fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let mut r = rng(seed);
+    let q = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
+    let k = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
+    let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
+    let dout = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt() };
+
+    let stream = gpu.new_stream()?;
+    let upload = |t: &HostTensor, (layout, len): (Layout, usize)| DeviceTensor::from_f32_strided(&stream, c.dtype, layout, len, &t.data, f32::NAN);
+    let packed = |t: &HostTensor| (Layout::contiguous(t.shape), t.data.len());
+    let inputs = if c.strided {
+        [upload(&q, transposed(q.shape))?, upload(&k, padded(k.shape))?, upload(&v, padded(v.shape))?, upload(&dout, transposed(dout.shape))?]
+    } else {
+        [upload(&q, packed(&q))?, upload(&k, packed(&k))?, upload(&v, packed(&v))?, upload(&dout, packed(&dout))?]
+    };
+    let fwd = flash_attn_func(gpu, &stream, &inputs[0].as_ref(), &inputs[1].as_ref(), &inputs[2].as_ref(), &AttnOptions::default().causal(c.causal))?;
+    let before: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
+
+    let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, None)?;
+    let host = |t: &DeviceTensor| t.to_f32(&stream);
+    let got = HostGrads { dq: host(&first.grads[0])?, dk: host(&first.grads[1])?, dv: host(&first.grads[2])? };
+    let report = check_backward(&p, &dout, c.dtype, &got);
+    if !report.passed() {
+        return Err(format!("seed {seed}: {report}").into());
+    }
+    // Gaps of strided gradients stay untouched.
+    for g in &first.grads {
+        let written = g.raw_f32(&stream)?.iter().filter(|x| !x.is_nan()).count();
+        if written > g.layout().numel() {
+            return Err(format!("seed {seed}: {written} elements written, the gradient has {}", g.layout().numel()).into());
+        }
+    }
+    if c.deterministic {
+        // Bit-identical on a second launch on another stream, with a caller-owned
+        // workspace that is reused by a third.
+        let other = gpu.new_stream()?;
+        let (b, sq, hq, d) = (c.b, c.sq, c.hq, c.d);
+        // SAFETY: the backward writes every workspace byte it reads.
+        let mut ws = unsafe { other.alloc::<u8>(backward_workspace_bytes(b, sq, hq, d)) }?;
+        for _ in 0..2 {
+            let again = launch(gpu, &other, c, &inputs, &fwd.out, &fwd.lse, Some(&mut ws))?;
+            for (g, (a, b)) in first.grads.iter().zip(&again.grads).enumerate() {
+                if bits(&a.raw_f32(&stream)?) != bits(&b.raw_f32(&other)?) {
+                    return Err(format!("seed {seed}: deterministic gradient {g} differs between launches").into());
+                }
+            }
+        }
+    }
+    let after: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
+    if before != after {
+        return Err(format!("seed {seed}: an input buffer changed").into());
+    }
+    println!("    {}: {report}", c.name());
+    Ok(())
+}
+
+/// Misuse on the device path: a workspace too small is refused before anything runs,
+/// with the argument named (the CPU validation tests cover the rest).
+fn misuse_is_refused_before_launch(gpu: &Gpu) -> Result<(), Failed> {
+    let stream = gpu.new_stream()?;
+    let shape = [1, 100, 2, 64];
+    let t = |x: f32| DeviceTensor::from_f32(&stream, DType::F16, shape, &vec![x; 100 * 2 * 64]);
+    let (q, k, v, dout) = (t(0.5)?, t(0.25)?, t(1.0)?, t(0.1)?);
+    let fwd = flash_attn_func(gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &AttnOptions::default())?;
+    let (mut dq, mut dk, mut dv) = (t(f32::NAN)?, t(f32::NAN)?, t(f32::NAN)?);
+    let mut small = stream.alloc_zeros::<u8>(16)?;
+    let err = flash_attn_backward_into(
+        gpu,
+        &stream,
+        &q.as_ref(),
+        &k.as_ref(),
+        &v.as_ref(),
+        &fwd.out.as_ref(),
+        &fwd.lse,
+        &dout.as_ref(),
+        &mut dq.as_mut(),
+        &mut dk.as_mut(),
+        &mut dv.as_mut(),
+        Some(&mut small),
+        &AttnOptions::default(),
+    );
+    match err {
+        Err(AttnError::OutOfBounds { arg: flash_attn3::Arg::Workspace, .. }) => Ok(()),
+        other => Err(format!("expected a workspace error, got {:?}", other.err()).into()),
+    }
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads.get_or_insert(1);
+    let gpu = support::gpu_or_skip("GPU backward tests");
+    let mut trials: Vec<Trial> = cases()
+        .into_iter()
+        .map(|c| {
+            let gpu = gpu.clone();
+            let ignored = gpu.is_none();
+            Trial::test(c.name(), move || match &gpu {
+                Some(g) => run_case(g, &c),
+                None => Ok(()),
+            })
+            .with_ignored_flag(ignored)
+        })
+        .collect();
+    let g = gpu.clone();
+    trials.push(
+        Trial::test("bwd_misuse_is_refused_before_launch", move || match &g {
+            Some(g) => misuse_is_refused_before_launch(g),
+            None => Ok(()),
+        })
+        .with_ignored_flag(gpu.is_none()),
+    );
+    libtest_mimic::run(&args, trials).exit();
+}

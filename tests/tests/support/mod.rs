@@ -1,0 +1,45 @@
+//! What the GPU test binaries share: strided layouts with gaps, bit patterns, and the
+//! GPU (or the reason the tests skip).
+#![allow(dead_code)]
+use flash_attn3::{Gpu, Layout};
+use std::sync::Arc;
+
+/// Strided layouts with gaps: padded heads (+8 elements) and rows (+1 head).
+pub fn padded(shape: [usize; 4]) -> (Layout, usize) {
+    let [b, s, h, d] = shape;
+    let head = d + 8;
+    let row = (h + 1) * head;
+    let batch = (s + 1) * row;
+    (Layout { shape, strides: [batch, row, head, 1] }, b * batch)
+}
+
+/// `[b, h, s, d]` storage viewed as `[b, s, h, d]`.
+pub fn transposed(shape: [usize; 4]) -> (Layout, usize) {
+    let [b, s, h, d] = shape;
+    (Layout { shape, strides: [h * s * d, d, s * d, 1] }, b * h * s * d)
+}
+
+/// The bit patterns of `v`, to compare results exactly (NaN included).
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// GPU 0, or `None` with the reason printed (the tests then report themselves ignored);
+/// `FA3_REQUIRE_GPU=1` makes a missing GPU fatal.
+pub fn gpu_or_skip(what: &str) -> Option<Arc<Gpu>> {
+    match Gpu::new(0) {
+        Ok(g) => {
+            let i = g.info();
+            println!("{what} on {} (sm_{}{}, {} SMs)", i.name, i.major, i.minor, i.sm_count);
+            Some(Arc::new(g))
+        }
+        Err(e) => {
+            if std::env::var("FA3_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                eprintln!("FA3_REQUIRE_GPU=1 but no usable GPU: {e}");
+                std::process::exit(1);
+            }
+            println!("{what} SKIPPED (reported as ignored): no usable GPU: {e}");
+            None
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Every misuse of the backward API gets its own precise error, checked without a GPU
+//! through the planner that `flash_attn_backward_into` runs before any launch; and a valid
+//! call is planned as the kernels expect.
+use common::bwd::{self, BwdStage};
+use flash_attn3::plan_bwd::WorkspaceLayout;
+use flash_attn3::{Arg, AttnError, AttnOptions, BwdTensors, DType, Layout, TensorDesc, backward_workspace_bytes, plan_backward};
+
+/// Each tensor of a call gets its own buffer, far apart.
+fn packed(shape: [usize; 4], dtype: DType, buffer: u64) -> TensorDesc {
+    let layout = Layout::contiguous(shape);
+    TensorDesc { dtype, layout, addr: 0x7f00_0000_0000 + (buffer << 36), buffer_len: layout.numel() }
+}
+
+/// A valid call: q 2 x 300 x 8 x `d`, k/v 2 x 500 x 2 x `d` (GQA 4), bf16.
+fn good(d: usize) -> BwdTensors {
+    let (qs, ks) = ([2, 300, 8, d], [2, 500, 2, d]);
+    let dt = DType::BF16;
+    BwdTensors {
+        q: packed(qs, dt, 0),
+        k: packed(ks, dt, 1),
+        v: packed(ks, dt, 2),
+        out: packed(qs, dt, 3),
+        dout: packed(qs, dt, 4),
+        lse: (0x7f00_0000_0000 + (5 << 36), 2 * 8 * 300),
+        dq: packed(qs, dt, 6),
+        dk: packed(ks, dt, 7),
+        dv: packed(ks, dt, 8),
+        workspace: (0x7f00_0000_0000 + (9 << 36), backward_workspace_bytes(2, 300, 8, d)),
+    }
+}
+
+fn err(t: &BwdTensors, opts: &AttnOptions) -> AttnError {
+    plan_backward(t, opts).expect_err("this call must be rejected")
+}
+
+#[test]
+fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
+    for d in [64, 128] {
+        let t = good(d);
+        let plan = plan_backward(&t, &AttnOptions::default().causal(true)).unwrap();
+        let stages: Vec<_> = plan.launches.iter().map(|l| l.kernel.kind).collect();
+        assert_eq!(
+            stages,
+            [BwdStage::Preprocess, BwdStage::Main, BwdStage::Postprocess].map(common::KernelKind::Backward).to_vec()
+        );
+        // Main: one CTA per 128-key block, K/V head and batch.
+        assert_eq!(plan.launches[1].grid, (500u32.div_ceil(128), 2, 2));
+        assert_eq!(plan.launches[1].block, bwd::THREADS);
+        assert!(plan.launches[1].smem_bytes <= common::fa3::MAX_SMEM);
+        // Pre: every padded query row; post: every query row.
+        assert_eq!(plan.launches[0].grid, (bwd::padded_rows(300, d as u32) / 64, 8, 2));
+        assert_eq!(plan.launches[2].grid, (300u32.div_ceil(64), 8, 2));
+        let p = plan.params;
+        let ws = WorkspaceLayout::new(2, 300, 8, d);
+        assert_eq!(p.lse_log2 - t.workspace.0, ws.lse_log2 as u64);
+        assert_eq!(p.dq_accum - t.workspace.0, ws.dq_accum as u64);
+        assert_eq!(p.dq_semaphore, 0, "semaphores only in deterministic mode");
+        assert_eq!((p.kv_group, p.causal, p.padded_rows), (4, 1, 320));
+        assert!((p.softmax_scale - 1.0 / (d as f32).sqrt()).abs() < 1e-7);
+        assert_eq!(plan.tma[0].box_dims, [64, 64, d as u32 / 64, 1, 1], "q: 64 query rows");
+        assert_eq!(plan.tma[1].box_dims, [64, 128, d as u32 / 64, 1, 1], "k: 128 keys");
+        let det = plan_backward(&t, &AttnOptions::default().deterministic(true)).unwrap();
+        assert_eq!(det.params.dq_semaphore - t.workspace.0, ws.semaphores as u64);
+    }
+}
+
+#[test]
+fn hdim_256_is_refused_with_the_head_dims_that_work() {
+    let mut t = good(128);
+    for d in [&mut t.q, &mut t.out, &mut t.dout, &mut t.dq] {
+        *d = packed([2, 300, 8, 256], DType::BF16, 0);
+    }
+    for d in [&mut t.k, &mut t.v, &mut t.dk, &mut t.dv] {
+        *d = packed([2, 500, 2, 256], DType::BF16, 1);
+    }
+    // Give every tensor its own buffer again.
+    for (i, d) in [&mut t.q, &mut t.k, &mut t.v, &mut t.out, &mut t.dout, &mut t.dq, &mut t.dk, &mut t.dv].into_iter().enumerate() {
+        d.addr = 0x7f00_0000_0000 + ((i as u64 + 10) << 36);
+    }
+    t.workspace.1 = usize::MAX;
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::UnsupportedHeadDim { hdim: 256, supported } if supported == [64, 128]));
+}
+
+#[test]
+fn each_argument_of_the_wrong_shape_is_named() {
+    let cases: [(fn(&mut BwdTensors), &str); 6] = [
+        (|t| t.v = packed([2, 501, 2, 64], DType::BF16, 2), "v must have k's shape"),
+        (|t| t.out = packed([2, 301, 8, 64], DType::BF16, 3), "out must have q's shape"),
+        (|t| t.dout = packed([2, 300, 4, 64], DType::BF16, 4), "dout must have q's shape"),
+        (|t| t.dq = packed([1, 300, 8, 64], DType::BF16, 6), "dq must have q's shape"),
+        (|t| t.dk = packed([2, 500, 1, 64], DType::BF16, 7), "dk must have k's shape"),
+        (|t| t.dv = packed([2, 499, 2, 64], DType::BF16, 8), "dv must have k's shape"),
+    ];
+    for (break_it, want) in cases {
+        let mut t = good(64);
+        break_it(&mut t);
+        match err(&t, &AttnOptions::default()) {
+            AttnError::ShapeMismatch(m) => assert!(m.contains(want), "{m} (wanted {want})"),
+            e => panic!("{want}: got {e:?}"),
+        }
+    }
+}
+
+#[test]
+fn each_argument_of_the_wrong_dtype_is_named() {
+    for arg in [Arg::Out, Arg::DOut, Arg::Dq, Arg::Dk, Arg::Dv] {
+        let mut t = good(64);
+        let d = match arg {
+            Arg::Out => &mut t.out,
+            Arg::DOut => &mut t.dout,
+            Arg::Dq => &mut t.dq,
+            Arg::Dk => &mut t.dk,
+            _ => &mut t.dv,
+        };
+        d.dtype = DType::F16;
+        assert!(
+            matches!(err(&t, &AttnOptions::default()), AttnError::ArgDType { arg: a, expected: DType::BF16, got: DType::F16 } if a == arg),
+            "{arg}"
+        );
+    }
+}
+
+#[test]
+fn a_short_lse_or_workspace_and_a_misaligned_workspace_are_refused() {
+    let mut t = good(128);
+    t.lse.1 -= 1;
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::OutOfBounds { arg: Arg::Lse, .. }));
+    let mut t = good(128);
+    t.workspace.1 -= 1;
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::OutOfBounds { arg: Arg::Workspace, needed, .. } if needed == t.workspace.1 + 1));
+    let mut t = good(128);
+    t.workspace.0 += 16;
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::Misaligned { arg: Arg::Workspace, .. }));
+}
+
+#[test]
+fn gradients_that_overlap_an_input_or_each_other_are_refused() {
+    let mut t = good(64);
+    t.dq.addr = t.q.addr;
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::Overlap { arg: Arg::Dq, other: Arg::Q }));
+    let mut t = good(64);
+    t.dv.addr = t.dk.addr + 64;
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::Overlap { arg: Arg::Dk, other: Arg::Dv }));
+}
+
+#[test]
+fn a_bad_scale_is_refused() {
+    for s in [f32::NAN, f32::INFINITY, -0.5] {
+        assert!(matches!(err(&good(64), &AttnOptions::default().softmax_scale(s)), AttnError::InvalidScale(_)), "{s}");
+    }
+}
+
+#[test]
+fn strided_gradients_with_a_non_contiguous_head_dim_are_refused() {
+    let mut t = good(64);
+    t.dk.layout.strides[3] = 2;
+    t.dk.buffer_len *= 2;
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::NonContiguousLastDim { arg: Arg::Dk, stride: 2 }));
+}
