@@ -120,7 +120,8 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let v_desc = opaque_u64(k_major_sw128(s.v.slot(0).add(key_rows).0));
         let (q_desc, do_desc) = (k_major_sw128(q_slot.0), k_major_sw128(do_slot.0));
 
-        // 1. Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
+        // 1. Sᵀ = K Qᵀ, then dPᵀ = V dOᵀ, as two commit groups: Pᵀ is computed while
+        // dPᵀ is still on the tensor cores.
         s.q.consumer_wait(st);
         s.dout.consumer_wait(st);
         let mut scores = K::Scores::zeroed();
@@ -132,75 +133,96 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 let (key_step, q_step) = (k_major_k_step(K::BLOCK_N, kk), k_major_k_step(K::BLOCK_M, kk));
                 K::Element::wgmma_ss(&mut scores, desc_add(k_desc, key_step), desc_add(q_desc, q_step), kk > 0);
             }
+        });
+        gemm::issue(|| {
             for kk in 0..K::HDIM / 16 {
                 let (key_step, q_step) = (k_major_k_step(K::BLOCK_N, kk), k_major_k_step(K::BLOCK_M, kk));
                 K::Element::wgmma_ss(&mut dp, desc_add(v_desc, key_step), desc_add(do_desc, q_step), kk > 0);
             }
         });
-        gemm::wait::<0>(&mut scores);
-        dp.fence_operand();
+        gemm::wait::<1>(&mut scores);
 
-        // 2. Pᵀ and dSᵀ, in place of Sᵀ and dPᵀ.
+        // 2. Pᵀ (in place of Sᵀ; the f32 values stay for dSᵀ), packed into A fragments one
+        // k-step (two n-tiles) at a time, then dV += Pᵀ dO while dSᵀ is computed.
         let lane = self.thread_in_wg % 32;
         let col_2t = 2 * (lane % 4);
         let (lse, dpsum) = (s.lse_slot::<K>(st.index()), s.dpsum_slot::<K>(st.index()));
         let query0 = (m * K::BLOCK_M) as i32;
+        let steps = <<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS;
         let mut probs = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
-        let mut dsf = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
-        // Packed into A fragments one k-step (two n-tiles) at a time, so that the f32
-        // tiles' registers free up as the packed ones fill.
-        for kb in 0..<<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS {
+        for kb in 0..steps {
             for e in 0..2 {
                 let j = 2 * kb + e;
                 let col = 8 * j as u32 + col_2t;
-                // SAFETY: inside this stage's vectors; 8 B aligned (even column).
-                let (lse2, d) = unsafe { (smem::ld_v2_f32(lse.add(4 * col)), smem::ld_v2_f32(dpsum.add(4 * col))) };
-                let (sf, dpf) = (scores.frag_mut(j), dp.frag_mut(j));
+                // SAFETY: inside this stage's vector; 8 B aligned (even column).
+                let lse2 = unsafe { smem::ld_v2_f32(lse.add(4 * col)) };
+                let sf = scores.frag_mut(j);
                 for r in 0..2 {
                     for c in 0..2 {
                         let i = 2 * r + c;
-                        let mut prob = math::exp2(math::fma(sf[i], self.p.scale_log2, -lse2[c]));
-                        if masked && query0 + ((col + c as u32) as i32) < mask.min_query[r] {
-                            prob = 0.0;
-                        }
-                        sf[i] = prob;
-                        dpf[i] = prob * (dpf[i] - d[c]);
+                        let hidden = masked && query0 + ((col + c as u32) as i32) < mask.min_query[r];
+                        sf[i] = if hidden { 0.0 } else { math::exp2(math::fma(sf[i], self.p.scale_log2, -lse2[c])) };
                     }
                 }
             }
             probs.set_step(kb, scores.probs_step::<K::Element>(kb));
+        }
+        let do_b = mn_major_sw128(do_slot.0, K::BLOCK_M);
+        probs.fence_operand();
+        grads.dv.fence_operand();
+        gemm::issue(|| {
+            for kb in 0..steps {
+                K::Element::wgmma_rs_mn(&mut grads.dv, probs.step(kb), desc_add(do_b, mn_major_k_step(kb as u32)), true);
+            }
+        });
+        // dPᵀ landed (dV may still run).
+        gemm::wait::<1>(&mut dp);
+
+        // 3. dSᵀ = Pᵀ ∘ (dPᵀ − D), in place of dPᵀ, packed likewise.
+        let mut dsf = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
+        for kb in 0..steps {
+            for e in 0..2 {
+                let j = 2 * kb + e;
+                let col = 8 * j as u32 + col_2t;
+                // SAFETY: as for the LSE.
+                let d = unsafe { smem::ld_v2_f32(dpsum.add(4 * col)) };
+                let (sf, dpf) = (scores.frag(j), dp.frag_mut(j));
+                for i in 0..4 {
+                    dpf[i] = sf[i] * (dpf[i] - d[i % 2]);
+                }
+            }
             dsf.set_step(kb, dp.probs_step::<K::Element>(kb));
         }
 
-        // 3. dSᵀ to shared memory, once every warpgroup's previous dQ product has read it.
-        // Its packed pairs are the A fragments' (n-tile j is half j % 2 of k-step j / 2).
-        NamedBarrier::DsFree.sync(0);
+        // 4. dSᵀ to shared memory, once the dQ products of the previous step have read
+        // it (both warpgroups' when they share dSᵀ, else this one's), and dK += dSᵀ Q
+        // meanwhile. Its packed pairs are the A fragments' (n-tile j is half j % 2 of
+        // k-step j / 2).
+        let split = DqSplit::of::<K>(self.wg);
+        let shared = DqSplit::shared_ds::<K>();
+        let q_b = mn_major_sw128(q_slot.0, K::BLOCK_M);
+        dsf.fence_operand();
+        grads.dk.fence_operand();
+        gemm::issue(|| {
+            for kb in 0..steps {
+                K::Element::wgmma_rs_mn(&mut grads.dk, dsf.step(kb), desc_add(q_b, mn_major_k_step(kb as u32)), true);
+            }
+        });
+        NamedBarrier::DsFree.sync_for(self.wg, shared);
         let packed = |j: usize, r: usize| dsf.step(j / 2)[2 * (j % 2) + r];
         stage_swizzled(s.ds, K::BLOCK_N, self.wg * WARPGROUP_ROWS, self.thread_in_wg / 32, lane, <K::Scores as FragTile>::FRAGS, packed);
         // The dQ WGMMA reads dSᵀ through the async proxy.
         fence::proxy_async_shared();
-        NamedBarrier::DsReady.sync(0);
+        NamedBarrier::DsReady.sync_for(self.wg, shared);
 
-        // 4. dV += Pᵀ dO, dK += dSᵀ Q, this warpgroup's dQ piece = dS K.
-        let split = DqSplit::of::<K>(self.wg);
-        // dSᵀ stored key-row by key-row: dS is its MN-major transpose, from key row
-        // `key0`. K likewise, from key row `key0` and 64-column chunk `col0 / 64`.
+        // 5. This warpgroup's dQ piece = dS K. dSᵀ is stored key-row by key-row: dS is its
+        // MN-major transpose, from key row `key0`. K likewise, from key row `key0` and
+        // 64-column chunk `col0 / 64`.
         let ds_desc = opaque_u64(mn_major_sw128(s.ds.add(sw128_rows(K::BLOCK_N, 0, split.key0)).0, K::BLOCK_N));
         let kt_desc = opaque_u64(mn_major_sw128(s.k.slot(0).add(sw128_rows(K::BLOCK_N, split.col0 / 64, split.key0)).0, K::BLOCK_N));
-        let (do_b, q_b) = (mn_major_sw128(do_slot.0, K::BLOCK_M), mn_major_sw128(q_slot.0, K::BLOCK_M));
         let mut dq = DqPiece::zeroed();
-        probs.fence_operand();
-        dsf.fence_operand();
-        grads.dv.fence_operand();
-        grads.dk.fence_operand();
         dq.fence_operand();
         gemm::issue(|| {
-            for kb in 0..<<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS {
-                K::Element::wgmma_rs_mn(&mut grads.dv, probs.step(kb), desc_add(do_b, mn_major_k_step(kb as u32)), true);
-            }
-            for kb in 0..<<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS {
-                K::Element::wgmma_rs_mn(&mut grads.dk, dsf.step(kb), desc_add(q_b, mn_major_k_step(kb as u32)), true);
-            }
             for kk in 0..split.keys / 16 {
                 K::Element::wgmma_ss_mn_mn(&mut dq, desc_add(ds_desc, mn_major_k_step(kk)), desc_add(kt_desc, mn_major_k_step(kk)), kk > 0);
             }

@@ -52,9 +52,16 @@ impl DqSplit {
         if K::HDIM == 128 { DqSplit { col0: 64 * wg, key0: 0, keys: K::BLOCK_N } } else { DqSplit { col0: 0, key0: 64 * wg, keys: 64 } }
     }
 
-    /// Whether both warpgroups add to the same elements.
+    /// Whether both warpgroups add to the same elements (they split the keys).
     #[inline(always)]
     pub fn shared<K: BwdTraits>() -> bool {
         K::HDIM == 64
+    }
+
+    /// Whether a warpgroup's dQ product reads the other warpgroup's rows of `dSᵀ` (they
+    /// split the columns), so that both must have written it first.
+    #[inline(always)]
+    pub fn shared_ds<K: BwdTraits>() -> bool {
+        !Self::shared::<K>()
     }
 }
