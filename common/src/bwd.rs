@@ -89,6 +89,23 @@ impl crate::fa3::DescriptorSlot for BwdTensorMap {
     }
 }
 
+/// Floats of one warpgroup's dQ piece (64 query rows by 64 columns).
+pub const DQ_PIECE: u32 = 64 * 64;
+
+/// Where element (`row`, `col`) of a query block's dQ (64 rows by `hdim`) lives in the
+/// fp32 accumulator, relative to the block's first float: the block is `hdim / 64`
+/// pieces of 64 columns, and inside a piece the floats are in the order the consumer
+/// threads hold them (thread (warp w, lane l), n-tile j: `[c0, c1, c2, c3]` of rows
+/// `16 w + l / 4` and `+ 8`, columns `8 j + 2 (l % 4)` and `+ 1`), so that each thread
+/// stages its fragments with 16-byte stores and a piece leaves shared memory as one
+/// contiguous bulk reduction.
+pub const fn dq_accum_index(row: u32, col: u32) -> u32 {
+    let (piece, c) = (col / 64, col % 64);
+    let (warp, half, g) = (row / 16, (row % 16) / 8, row % 8);
+    let (j, t, e) = (c / 8, (c % 8) / 2, c % 2);
+    piece * DQ_PIECE + ((warp * 8 + j) * 32 + g * 4 + t) * 4 + half * 2 + e
+}
+
 /// The parameters of the three backward launches (one by-value kernel argument).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -108,7 +125,8 @@ pub struct BwdParams {
     /// Workspaces, f32 `[batch, heads_q, padded_rows]`: the LSE times log2 e, and D.
     pub lse_log2: u64,
     pub dpsum: u64,
-    /// f32 `[batch, heads_q, padded_rows, hdim]`: dQ before the softmax scale.
+    /// f32 `[batch, heads_q, padded_rows, hdim]`: dQ before the softmax scale, each query
+    /// block's `64 x hdim` floats in [`dq_accum_index`] order.
     pub dq_accum: u64,
     /// u32 `[batch, heads_q, query blocks]`: in deterministic mode, how many key blocks
     /// have added to a query block's dQ (they add in key-block order); 0 otherwise.
@@ -210,7 +228,7 @@ pub fn find(stage: BwdStage, hdim: u32, dtype: DType) -> Option<&'static KernelE
 /// The dynamic shared memory of the main kernel, from its (1024 B aligned) base:
 ///
 /// ```text
-/// | K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | LSE stage 0, 1 | D stage 0, 1 | barriers |
+/// | K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | LSE stage 0, 1 | D stage 0, 1 | dQ pieces | barriers |
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SmemLayout {
@@ -227,6 +245,9 @@ pub struct SmemLayout {
     /// `block_m` f32 per stage.
     pub lse: crate::fa3::SmemBuffer,
     pub dpsum: crate::fa3::SmemBuffer,
+    /// Each consumer warpgroup's dQ piece ([`DQ_PIECE`] f32), staged for its bulk
+    /// reduction into the accumulator.
+    pub dq: crate::fa3::SmemBuffer,
     /// Bytes to request at launch (with [`crate::fa3::SMEM_ALIGN`] of slack).
     pub total: u32,
 }
@@ -245,13 +266,14 @@ impl SmemLayout {
         let vec_bytes = bm * 4;
         let lse = SmemBuffer { offset: ds.offset + ds.bytes, bytes: STAGES * vec_bytes };
         let dpsum = SmemBuffer { offset: lse.offset + lse.bytes, bytes: STAGES * vec_bytes };
-        let barriers = dpsum.offset + dpsum.bytes;
+        let dq = SmemBuffer { offset: dpsum.offset + dpsum.bytes, bytes: MMA_WGS * DQ_PIECE * 4 };
+        let barriers = dq.offset + dq.bytes;
         let k = SmemRing { barriers, ..k };
         let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
         let q = SmemRing { barriers: v.barriers + v.barrier_bytes(), ..q };
         let dout = SmemRing { barriers: q.barriers + q.barrier_bytes(), ..dout };
         let end = dout.barriers + 2 * MBARRIER_BYTES * STAGES;
-        SmemLayout { k, v, q, dout, ds, lse, dpsum, total: end + SMEM_ALIGN }
+        SmemLayout { k, v, q, dout, ds, lse, dpsum, dq, total: end + SMEM_ALIGN }
     }
 
     /// Bytes of one stage's f32 vector (LSE or D).
@@ -276,11 +298,12 @@ mod tests {
                 assert_eq!(off % 1024, 0, "hdim {hdim}: {name} at {off}");
             }
             assert_eq!(l.lse.offset % 16, 0, "bulk copies need 16-byte alignment");
+            assert_eq!(l.dq.offset % 16, 0);
             assert_eq!(l.dpsum.offset % 16, 0);
             assert_eq!(l.k.barriers % 8, 0);
             // Nothing overlaps: the regions are in increasing order.
-            let ends = [l.k.slot(1), l.v.slot(1), l.q.slot(STAGES), l.dout.slot(STAGES), l.ds.offset + l.ds.bytes, l.lse.offset + l.lse.bytes, l.dpsum.offset + l.dpsum.bytes];
-            let starts = [l.k.data, l.v.data, l.q.data, l.dout.data, l.ds.offset, l.lse.offset, l.dpsum.offset];
+            let ends = [l.k.slot(1), l.v.slot(1), l.q.slot(STAGES), l.dout.slot(STAGES), l.ds.offset + l.ds.bytes, l.lse.offset + l.lse.bytes, l.dpsum.offset + l.dpsum.bytes, l.dq.offset + l.dq.bytes, l.k.barriers];
+            let starts = [l.k.data, l.v.data, l.q.data, l.dout.data, l.ds.offset, l.lse.offset, l.dpsum.offset, l.dq.offset, l.k.barriers];
             for i in 1..starts.len() {
                 assert!(ends[i - 1] <= starts[i], "hdim {hdim}: region {i}");
             }
@@ -313,6 +336,33 @@ mod tests {
                     assert_eq!(first_query_block(false, n, bm, bn, sq, sk), 0);
                 }
             }
+        }
+    }
+
+    /// The accumulator order is a bijection of a query block's `64 x hdim` floats, and it
+    /// is where each consumer thread's fragment elements go, four at a time.
+    #[test]
+    fn dq_accum_index_is_a_bijection_in_fragment_order() {
+        for hdim in HEAD_DIMS {
+            let mut seen = std::vec![false; (64 * hdim) as usize];
+            for row in 0..64 {
+                for col in 0..hdim {
+                    let i = dq_accum_index(row, col) as usize;
+                    assert!(!seen[i], "hdim {hdim}: ({row}, {col}) collides");
+                    seen[i] = true;
+                }
+            }
+            assert!(seen.iter().all(|&s| s));
+        }
+        // Thread (warp w, lane l), n-tile j of piece p: elements c0..c3 at 4 consecutive
+        // floats from ((w * 8 + j) * 32 + l) * 4.
+        for (w, l, j, p) in [(0, 0, 0, 0), (3, 31, 7, 1), (1, 6, 2, 0), (2, 17, 5, 1)] {
+            let (row, col) = (16 * w + l / 4, 64 * p + 8 * j + 2 * (l % 4));
+            let base = p * DQ_PIECE + ((w * 8 + j) * 32 + l) * 4;
+            assert_eq!(
+                [dq_accum_index(row, col), dq_accum_index(row, col + 1), dq_accum_index(row + 8, col), dq_accum_index(row + 8, col + 1)],
+                [base, base + 1, base + 2, base + 3]
+            );
         }
     }
 

@@ -1,11 +1,16 @@
 //! dQ's fp32 accumulator in global memory: every key block adds its `dS K` to the query
-//! blocks it sees. By default in whatever order the CTAs come (fp32 reductions,
-//! unordered); in deterministic mode in key-block order, each CTA waiting on a per-(query
-//! block, head, batch) counter for its turn, so the sums are bit-identical across runs.
+//! blocks it sees. Each consumer warpgroup stages its 64 x 64 piece in shared memory in
+//! fragment order (`common::bwd::dq_accum_index`: 16-byte stores, no bank conflict) and
+//! one thread adds it to the accumulator with one bulk reduction (`cp.reduce.async.bulk`,
+//! summed in L2): a per-element `red` from every thread made the backward bound by L2
+//! atomics. By default in whatever order the CTAs come; in deterministic mode in key-block
+//! order, each CTA waiting on a per-(query block, head, batch) counter for its turn, so the
+//! sums are bit-identical across runs.
 use super::traits::{BwdTraits, DqPiece, DqSplit};
 use crate::fa3::barriers::NamedBarrier;
-use crate::ptx::{fence, global};
-use common::bwd::BwdParams;
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::{fence, global, tma};
+use common::bwd::{BwdParams, DQ_PIECE};
 use core::marker::PhantomData;
 
 #[derive(Clone, Copy)]
@@ -39,65 +44,69 @@ impl<K: BwdTraits> DqWriter<K> {
         }
     }
 
-    /// Adds consumer warpgroup `wg`'s 64 x 64 piece, columns `col0..col0 + 64` of query
-    /// block `m` of query head `head` ([`DqSplit`]). Every consumer thread of the CTA calls
-    /// it once per step.
+    /// Adds consumer warpgroup `wg`'s piece (columns `col0..col0 + 64`, [`DqSplit`]) of
+    /// query block `m` of query head `head`, through its staging buffer `staging`
+    /// ([`DQ_PIECE`] f32). Every consumer thread of the CTA calls it once per step.
     #[inline(always)]
-    pub fn add(&self, piece: &DqPiece, head: u32, m: u32, col0: u32, wg: u32, thread_in_wg: u32) {
-        let semaphore = self.semaphores + 4 * (head as u64 * self.query_blocks as u64 + m as u64);
-        let deterministic = self.semaphores != 0;
-        if deterministic {
-            if self.turn_keeper {
-                // Key blocks 0..n_block see every query block this one sees (smaller keys
-                // are visible to at least the same rows), and add first.
-                // SAFETY: inside the host-sized semaphore array.
-                while unsafe { global::ld_acquire_u32(semaphore) } < self.n_block {}
-            }
-            NamedBarrier::DqTurn.sync(0);
+    pub fn add(&self, piece: &DqPiece, head: u32, m: u32, col0: u32, wg: u32, thread_in_wg: u32, staging: SmemAddr) {
+        let leader = thread_in_wg == 0;
+        // The previous step's reduction from this buffer has read it.
+        if leader {
+            tma::store_wait_read::<0>();
         }
-        let head_base = self.accum + head as u64 * self.padded_rows as u64 * K::HDIM as u64 * 4;
-        let rows = head_base + (m * K::BLOCK_M) as u64 * K::HDIM as u64 * 4;
-        if deterministic && DqSplit::shared::<K>() {
-            // Both warpgroups add to the same elements: warpgroup 0 first, always.
-            if wg == 0 {
-                Self::add_piece(piece, rows, col0, thread_in_wg);
-            }
-            NamedBarrier::DqTurn.sync(0);
-            if wg == 1 {
-                Self::add_piece(piece, rows, col0, thread_in_wg);
-            }
-        } else {
-            Self::add_piece(piece, rows, col0, thread_in_wg);
-        }
-        if deterministic {
-            // Every thread's additions are issued; the release makes them visible to the
-            // next key block's acquire.
-            NamedBarrier::DqTurn.sync(0);
-            if self.turn_keeper {
-                fence::acq_rel_gpu();
-                // SAFETY: as above.
-                unsafe { global::red_release_add_u32(semaphore, 1) };
-            }
-        }
-    }
-
-    /// This thread's 32 elements of a piece into the rows from `rows` (the query block's
-    /// first row of the accumulator).
-    #[inline(always)]
-    fn add_piece(piece: &DqPiece, rows: u64, col0: u32, thread_in_wg: u32) {
+        NamedBarrier::Epilogue.sync(wg);
         let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
-        for r in 0..2 {
-            let row = warp * 16 + lane / 4 + 8 * r;
-            let row_base = rows + row as u64 * K::HDIM as u64 * 4;
-            for (j, frag) in piece.iter().enumerate() {
-                let col = col0 + 8 * j as u32 + 2 * (lane % 4);
-                // SAFETY: `row` is inside the padded rows (whole query blocks), `col` inside
-                // the head dimension; 4 B aligned.
-                unsafe {
-                    global::red_add_f32(row_base + 4 * col as u64, frag[2 * r as usize]);
-                    global::red_add_f32(row_base + 4 * (col as u64 + 1), frag[2 * r as usize + 1]);
-                }
+        for (j, frag) in piece.iter().enumerate() {
+            let at = staging.add(((warp * 8 + j as u32) * 32 + lane) * 16);
+            // SAFETY: inside this warpgroup's staging buffer; 16 B aligned.
+            unsafe { smem::st_v4_u32(at, frag.map(f32::to_bits)) };
+        }
+        // The bulk reduction reads through the async proxy.
+        fence::proxy_async_shared();
+        NamedBarrier::Epilogue.sync(wg);
+        let block = self.accum
+            + 4 * ((head as u64 * self.padded_rows as u64 + (m * K::BLOCK_M) as u64) * K::HDIM as u64
+                + (col0 / 64 * DQ_PIECE) as u64);
+        let reduce = || {
+            // SAFETY: a whole piece of the accumulator (16 KB, 16 B aligned), staged and
+            // fenced above.
+            unsafe { tma::bulk_reduce_add_f32(block, staging, DQ_PIECE * 4) };
+            tma::store_commit();
+        };
+        if self.semaphores == 0 {
+            if leader {
+                reduce();
             }
+            return;
+        }
+        let semaphore = self.semaphores + 4 * (head as u64 * self.query_blocks as u64 + m as u64);
+        if self.turn_keeper {
+            // Key blocks 0..n_block see every query block this one sees (smaller keys are
+            // visible to at least the same rows), and add first.
+            // SAFETY: inside the host-sized semaphore array.
+            while unsafe { global::ld_acquire_u32(semaphore) } < self.n_block {}
+        }
+        NamedBarrier::DqTurn.sync(0);
+        // Both warpgroups add to the same piece when they split the keys: warpgroup 0
+        // first, always.
+        for turn in 0..2 {
+            if (!DqSplit::shared::<K>() || wg == turn) && leader {
+                reduce();
+                // Done, not only read: the next key block's reduction must see it.
+                tma::bulk_wait::<0>();
+            }
+            if DqSplit::shared::<K>() && turn == 0 {
+                NamedBarrier::DqTurn.sync(0);
+            }
+            if !DqSplit::shared::<K>() {
+                break;
+            }
+        }
+        NamedBarrier::DqTurn.sync(0);
+        if self.turn_keeper {
+            fence::acq_rel_gpu();
+            // SAFETY: as above.
+            unsafe { global::red_release_add_u32(semaphore, 1) };
         }
     }
 }

@@ -7,7 +7,8 @@
 //! 3. `dSᵀ` to shared memory (both warpgroups' rows make the block's `dSᵀ`);
 //! 4. `dV += Pᵀ dO` and `dK += dSᵀ Q` (RS: `Pᵀ` and `dSᵀ` are already A fragments, dO
 //!    and Q MN-major B), and this warpgroup's piece of `dQ = dS K` (SS, both MN-major);
-//! 5. the dQ piece added to the fp32 accumulator in global memory ([`super::dq`]).
+//! 5. the dQ piece added to the fp32 accumulator in global memory by a bulk reduction
+//!    ([`super::dq`]).
 use super::dq::DqWriter;
 use super::producer::BwdStorage;
 use super::traits::{BwdTraits, DqPiece, DqSplit};
@@ -20,7 +21,7 @@ use crate::fa3::traits::{FragTile, ProbTile, ScoreTile, WARPGROUP_ROWS};
 use crate::ptx::compiler::opaque_u64;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{fence, math, smem};
-use common::bwd::{BwdParams, STAGES, first_query_block, step_needs_mask};
+use common::bwd::{BwdParams, DQ_PIECE, STAGES, first_query_block, step_needs_mask};
 use common::gmma::{k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_rows};
 
 /// Adds a byte offset to a descriptor's start address (which is stored >> 4).
@@ -238,6 +239,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         self.state.advance();
 
         // 5. dQ.
-        self.dq.add(&dq, head, m, split.col0, self.wg, self.thread_in_wg);
+        let staging = s.dq.add(self.wg * DQ_PIECE * 4);
+        self.dq.add(&dq, head, m, split.col0, self.wg, self.thread_in_wg, staging);
     }
 }

@@ -89,5 +89,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
         };
         let grads = consumer.run();
         epilogue::store::<K>(&p, &grads, n_block, head_k, batch, wg, thread_in_wg);
+        // Shared memory must outlive the last dQ reduction's reads.
+        crate::fa3::epilogue::drain(thread_in_wg);
     }
 }

@@ -1,9 +1,9 @@
-//! The backward's last launch: dQ = fp32 accumulator × softmax scale, rounded to the
-//! element type, into the (strided) dq. Grid `(ceil(seqlen_q / PREPROCESS_ROWS),
+//! The backward's last launch: dQ = fp32 accumulator (in `dq_accum_index` order) ×
+//! softmax scale, rounded to the element type, into the (strided) dq. Grid `(ceil(seqlen_q / PREPROCESS_ROWS),
 //! heads_q, batch)`, [`AUX_THREADS`] threads, two columns a thread.
 use crate::element::Element;
 use crate::ptx::{global, sreg};
-use common::bwd::{AUX_THREADS, BwdParams, PREPROCESS_ROWS};
+use common::bwd::{AUX_THREADS, BwdParams, PREPROCESS_ROWS, block_m, dq_accum_index};
 
 /// The postprocess kernel body for element type `E` at head dim `HDIM`.
 ///
@@ -20,7 +20,11 @@ pub unsafe fn postprocess<E: Element, const HDIM: u32>(p: BwdParams) {
     let first = sreg::block_idx_x() * PREPROCESS_ROWS;
     let mut row = first + t / threads_per_row;
     while row < first + PREPROCESS_ROWS && row < p.seqlen_q {
-        let accum = p.dq_accum + 4 * ((bh * p.padded_rows as u64 + row as u64) * HDIM as u64 + col as u64);
+        // The query block's floats, in fragment order: (row, col) and (row, col + 1) are
+        // adjacent.
+        let bm = block_m(HDIM);
+        let block = (bh * p.padded_rows as u64 + (row / bm * bm) as u64) * HDIM as u64;
+        let accum = p.dq_accum + 4 * (block + dq_accum_index(row % bm, col) as u64);
         // SAFETY: inside the padded accumulator; 8 B aligned (even column).
         let v = unsafe { global::ld_v2_f32(accum) };
         let s = p.dq_strides;

@@ -23,6 +23,8 @@ pub struct BwdStorage {
     /// The LSE (log2) and D vectors, `BLOCK_M` f32 per stage.
     pub lse: SmemAddr,
     pub dpsum: SmemAddr,
+    /// The consumer warpgroups' dQ staging pieces.
+    pub dq: SmemAddr,
 }
 
 impl BwdStorage {
@@ -39,6 +41,7 @@ impl BwdStorage {
             ds: base.add(l.ds.offset),
             lse: base.add(l.lse.offset),
             dpsum: base.add(l.dpsum.offset),
+            dq: base.add(l.dq.offset),
         }
     }
 

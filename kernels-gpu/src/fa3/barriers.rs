@@ -10,7 +10,8 @@ use common::fa3::MAX_CONSUMER_WGS;
 #[repr(u32)]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum NamedBarrier {
-    /// Ids 1..=3: a consumer warpgroup's epilogue (its 128 threads stage O together).
+    /// Ids 1..=3: a consumer warpgroup's 128 threads staging a tile for a bulk copy
+    /// together (the forward's O, the backward's dQ piece).
     Epilogue = 1,
     /// Ids 4..=6: a consumer warpgroup's turn to issue GEMMs (pingpong, 256 threads: the
     /// warpgroup that waits and the one that hands over).

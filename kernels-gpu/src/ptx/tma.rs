@@ -104,6 +104,29 @@ pub unsafe fn bulk_load(dst: SmemAddr, src: u64, bytes: u32, bar: Mbarrier, lead
     };
 }
 
+/// Adds `bytes` contiguous f32 of shared memory into global memory element-wise, with the
+/// bulk-copy engine (the reduction happens in L2; a bulk group like the stores).
+///
+/// # Safety
+/// `src` and `dst` must be 16-byte aligned, `bytes` a multiple of 16; `src` was written
+/// and made visible to the async proxy ([`super::fence::proxy_async_shared`]); `dst`
+/// must be writable global memory.
+#[inline(always)]
+pub unsafe fn bulk_reduce_add_f32(dst: u64, src: SmemAddr, bytes: u32) {
+    unsafe {
+        asm!("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{0}], [{1}], {2};",
+             in(reg64) dst, in(reg32) src.0, in(reg32) bytes, options(nostack))
+    };
+}
+
+/// Waits until all but `N` bulk groups of this thread have completed: their writes (or
+/// reductions) are done, not only their reads of shared memory.
+#[inline(always)]
+pub fn bulk_wait<const N: u32>() {
+    // SAFETY: waits only.
+    unsafe { asm!("cp.async.bulk.wait_group {n};", n = const N, options(nostack)) };
+}
+
 /// Closes the group of bulk stores issued since the last commit.
 #[inline(always)]
 pub fn store_commit() {
