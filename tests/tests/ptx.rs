@@ -80,7 +80,7 @@ fn fa3_kernels_use_hopper_instructions() -> Result<(), Failed> {
 
 /// The backward's main kernels use the same machinery: TMA tensor and bulk copies,
 /// mbarrier waits, WGMMA (SS with both operands transposed for dQ, RS with a transposed
-/// B for dK and dV), `setmaxnreg`, named barriers, and fp32 reductions for dQ.
+/// B for dK and dV), `setmaxnreg`, named barriers, and bulk fp32 reductions for dQ.
 fn backward_kernels_use_hopper_instructions() -> Result<(), Failed> {
     let main = common::KernelKind::Backward(common::bwd::BwdStage::Main);
     for k in common::KERNELS.iter().filter(|k| k.kind == main) {
@@ -96,7 +96,7 @@ fn backward_kernels_use_hopper_instructions() -> Result<(), Failed> {
             "setmaxnreg.dec",
             "setmaxnreg.inc",
             "bar.sync",
-            "red.relaxed.gpu.global.add.f32",
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
             "ld.acquire.gpu",
             ".maxntid",
         ];
