@@ -174,8 +174,18 @@ impl BwdParams {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BwdStage {
     Preprocess,
+    /// The main kernel, dQ summed in whatever order the CTAs come.
     Main,
+    /// The main kernel of the deterministic mode (dQ summed in key-block order).
+    MainDeterministic,
     Postprocess,
+}
+
+impl BwdStage {
+    /// One of the two main kernels.
+    pub const fn is_main(self) -> bool {
+        matches!(self, BwdStage::Main | BwdStage::MainDeterministic)
+    }
 }
 
 /// The backward kernel table, written once: `callback! { NAME => DTYPE, hdim D, STAGE; ... }`
@@ -192,6 +202,10 @@ macro_rules! bwd_kernel_table {
             bwd_hdim128_f16 => F16, hdim 128, Main;
             bwd_hdim64_bf16 => BF16, hdim 64, Main;
             bwd_hdim128_bf16 => BF16, hdim 128, Main;
+            bwd_hdim64_f16_deterministic => F16, hdim 64, MainDeterministic;
+            bwd_hdim128_f16_deterministic => F16, hdim 128, MainDeterministic;
+            bwd_hdim64_bf16_deterministic => BF16, hdim 64, MainDeterministic;
+            bwd_hdim128_bf16_deterministic => BF16, hdim 128, MainDeterministic;
             bwd_postprocess_hdim64_f16 => F16, hdim 64, Postprocess;
             bwd_postprocess_hdim128_f16 => F16, hdim 128, Postprocess;
             bwd_postprocess_hdim64_bf16 => BF16, hdim 64, Postprocess;
@@ -208,11 +222,11 @@ macro_rules! bwd_entries {
             kind: crate::KernelKind::Backward(BwdStage::$stage),
             hdim: $hdim,
             dtype: DType::$dtype,
-            tma_param_bytes: match BwdStage::$stage { BwdStage::Main => crate::fa3::TMA_PARAM_BYTES, _ => 0 },
-            launch_bounds: match BwdStage::$stage { BwdStage::Main => THREADS, _ => 0 },
+            tma_param_bytes: if BwdStage::$stage.is_main() { crate::fa3::TMA_PARAM_BYTES } else { 0 },
+            launch_bounds: if BwdStage::$stage.is_main() { THREADS } else { 0 },
             cluster: 1,
-            consumer_wgs: match BwdStage::$stage { BwdStage::Main => MMA_WGS, _ => 0 },
-            block_n: match BwdStage::$stage { BwdStage::Main => BLOCK_N, _ => 0 },
+            consumer_wgs: if BwdStage::$stage.is_main() { MMA_WGS } else { 0 },
+            block_n: if BwdStage::$stage.is_main() { BLOCK_N } else { 0 },
         },)*]
     };
 }
@@ -370,7 +384,7 @@ mod tests {
     fn the_table_has_every_stage_for_every_head_dim_and_dtype() {
         for &hdim in &HEAD_DIMS {
             for dtype in DType::ALL {
-                for stage in [BwdStage::Preprocess, BwdStage::Main, BwdStage::Postprocess] {
+                for stage in [BwdStage::Preprocess, BwdStage::Main, BwdStage::MainDeterministic, BwdStage::Postprocess] {
                     assert!(find(stage, hdim, dtype).is_some(), "{stage:?} hdim {hdim} {dtype:?}");
                 }
             }

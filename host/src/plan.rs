@@ -4,7 +4,7 @@ use crate::error::{Arg, AttnError, Result};
 use crate::tensor::Layout;
 use crate::tma::TensorMapSpec;
 use common::fa3::{self, Techniques};
-use common::bwd::{self, BwdStage};
+use common::bwd;
 use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, KernelKind, Strides, fa2};
 
 /// Options of an attention call, as in `flash_attn_func`.
@@ -123,7 +123,7 @@ pub struct FwdPlan {
 /// Dynamic shared memory of a kernel.
 pub fn smem_bytes(k: &KernelEntry) -> u32 {
     match k.kind {
-        KernelKind::Backward(BwdStage::Main) => return bwd::SmemLayout::new(k.hdim).total,
+        KernelKind::Backward(s) if s.is_main() => return bwd::SmemLayout::new(k.hdim).total,
         KernelKind::Backward(_) => return 0,
         KernelKind::Forward => {}
     }
@@ -136,7 +136,7 @@ pub fn smem_bytes(k: &KernelEntry) -> u32 {
 /// Threads per CTA of a kernel.
 pub fn block_threads(k: &KernelEntry) -> u32 {
     match k.kind {
-        KernelKind::Backward(BwdStage::Main) => return bwd::THREADS,
+        KernelKind::Backward(s) if s.is_main() => return bwd::THREADS,
         KernelKind::Backward(_) => return bwd::AUX_THREADS,
         KernelKind::Forward => {}
     }

@@ -175,7 +175,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions) -> Result<BwdPlan> {
         return Err(AttnError::TooLarge(format!("batch ({batch}) and heads ({heads_q}) must each be at most {MAX_GRID_YZ}")));
     }
     let find = |stage| bwd::find(stage, hdim as u32, dtype).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
-    let (pre, main, post) = (find(BwdStage::Preprocess)?, find(BwdStage::Main)?, find(BwdStage::Postprocess)?);
+    let main_stage = if opts.deterministic { BwdStage::MainDeterministic } else { BwdStage::Main };
+    let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);
     let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32);
     let ws_addr = t.workspace.0;
     let params = BwdParams {

@@ -96,6 +96,12 @@ macro_rules! bwd_entries {
         }
     };
     (@ Main $name:ident, $dtype:ident, $d:literal) => {
+        bwd_entries!(@ main $name, $dtype, $d, false);
+    };
+    (@ MainDeterministic $name:ident, $dtype:ident, $d:literal) => {
+        bwd_entries!(@ main $name, $dtype, $d, true);
+    };
+    (@ main $name:ident, $dtype:ident, $d:literal, $deterministic:literal) => {
         /// Backward main kernel; grid `(key blocks, heads_k, batch)`, 384 threads. The TMA
         /// descriptors (q, k, v, dO) are read through the parameter's address.
         #[unsafe(no_mangle)]
@@ -107,6 +113,7 @@ macro_rules! bwd_entries {
                 type Scores = [softmax::Frag; common::bwd::block_m($d) as usize / 8];
                 type KeyGrads = [softmax::Frag; $d / 8];
                 const HDIM: u32 = $d;
+                const DETERMINISTIC: bool = $deterministic;
             }
             let tma = kernel_param0_address!($name);
             unsafe { bwd::bwd::<Traits>(tma, p) }

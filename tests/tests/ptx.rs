@@ -82,12 +82,16 @@ fn fa3_kernels_use_hopper_instructions() -> Result<(), Failed> {
 /// mbarrier waits, WGMMA (SS with both operands transposed for dQ, RS with a transposed
 /// B for dK and dV), `setmaxnreg`, named barriers, and bulk fp32 reductions for dQ.
 fn backward_kernels_use_hopper_instructions() -> Result<(), Failed> {
-    let main = common::KernelKind::Backward(common::bwd::BwdStage::Main);
-    for k in common::KERNELS.iter().filter(|k| k.kind == main) {
+    use common::bwd::BwdStage;
+    for k in common::KERNELS.iter() {
+        let common::KernelKind::Backward(stage) = k.kind else { continue };
+        if !stage.is_main() {
+            continue;
+        }
         let start = PTX.find(&format!(".entry {}(", k.name)).ok_or("entry missing")?;
         let body = &PTX[start..];
         let body = &body[..body.find("\n}").ok_or("unterminated entry")?];
-        let needed = [
+        let mut needed = vec![
             "cp.async.bulk.tensor",
             "cp.async.bulk.shared::cluster.global",
             "mbarrier.try_wait",
@@ -96,10 +100,14 @@ fn backward_kernels_use_hopper_instructions() -> Result<(), Failed> {
             "setmaxnreg.dec",
             "setmaxnreg.inc",
             "bar.sync",
-            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
-            "ld.acquire.gpu",
             ".maxntid",
         ];
+        // dQ: one bulk reduction per warpgroup and step, or in deterministic mode fp32
+        // reductions after waiting for the turn.
+        match stage {
+            BwdStage::Main => needed.push("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"),
+            _ => needed.extend(["ld.acquire.gpu", "red.relaxed.gpu.global.add.f32", "red.release.gpu"]),
+        }
         if let Some(missing) = needed.iter().find(|n| !body.contains(*n)) {
             return Err(format!("{}: no `{missing}` in its PTX", k.name).into());
         }

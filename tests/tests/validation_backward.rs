@@ -61,6 +61,7 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
         assert_eq!(plan.tma[1].box_dims, [64, 128, d as u32 / 64, 1, 1], "k: 128 keys");
         let det = plan_backward(&t, &AttnOptions::default().deterministic(true)).unwrap();
         assert_eq!(det.params.dq_semaphore - t.workspace.0, ws.semaphores as u64);
+        assert_eq!(det.launches[1].kernel.kind, common::KernelKind::Backward(BwdStage::MainDeterministic));
     }
 }
 

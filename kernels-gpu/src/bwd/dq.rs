@@ -5,7 +5,8 @@
 //! summed in L2): a per-element `red` from every thread made the backward bound by L2
 //! atomics. By default in whatever order the CTAs come; in deterministic mode in key-block
 //! order, each CTA waiting on a per-(query block, head, batch) counter for its turn, so the
-//! sums are bit-identical across runs.
+//! sums are bit-identical across runs (there with per-element fp32 reductions, see
+//! [`DqWriter::add`]).
 use super::traits::{BwdTraits, DqPiece, DqSplit};
 use crate::fa3::barriers::NamedBarrier;
 use crate::ptx::smem::{self, SmemAddr};
@@ -17,7 +18,7 @@ use core::marker::PhantomData;
 pub struct DqWriter<K: BwdTraits> {
     /// `dq_accum` of this (batch), `[heads_q, padded_rows, hdim]`.
     accum: u64,
-    /// `dq_semaphore` of this batch, `[heads_q, query blocks]`; 0 without determinism.
+    /// `dq_semaphore` of this batch, `[heads_q, query blocks]` (deterministic kernels).
     semaphores: u64,
     padded_rows: u32,
     query_blocks: u32,
@@ -49,6 +50,25 @@ impl<K: BwdTraits> DqWriter<K> {
     /// ([`DQ_PIECE`] f32). Every consumer thread of the CTA calls it once per step.
     #[inline(always)]
     pub fn add(&self, piece: &DqPiece, head: u32, m: u32, col0: u32, wg: u32, thread_in_wg: u32, staging: SmemAddr) {
+        if !K::DETERMINISTIC {
+            self.reduce_bulk(piece, self.block(head, m, col0), wg, thread_in_wg, staging);
+        } else {
+            self.reduce_in_turn(piece, head, m, col0, wg, thread_in_wg);
+        }
+    }
+
+    /// Address of the accumulator piece of columns `col0..col0 + 64` of query block `m`
+    /// of query head `head`.
+    #[inline(always)]
+    fn block(&self, head: u32, m: u32, col0: u32) -> u64 {
+        self.accum
+            + 4 * ((head as u64 * self.padded_rows as u64 + (m * K::BLOCK_M) as u64) * K::HDIM as u64
+                + (col0 / 64 * DQ_PIECE) as u64)
+    }
+
+    /// The piece staged in shared memory and added by one bulk reduction.
+    #[inline(always)]
+    fn reduce_bulk(&self, piece: &DqPiece, block: u64, wg: u32, thread_in_wg: u32, staging: SmemAddr) {
         let leader = thread_in_wg == 0;
         // The previous step's reduction from this buffer has read it.
         if leader {
@@ -64,21 +84,21 @@ impl<K: BwdTraits> DqWriter<K> {
         // The bulk reduction reads through the async proxy.
         fence::proxy_async_shared();
         NamedBarrier::Epilogue.sync(wg);
-        let block = self.accum
-            + 4 * ((head as u64 * self.padded_rows as u64 + (m * K::BLOCK_M) as u64) * K::HDIM as u64
-                + (col0 / 64 * DQ_PIECE) as u64);
-        let reduce = || {
+        if leader {
             // SAFETY: a whole piece of the accumulator (16 KB, 16 B aligned), staged and
             // fenced above.
             unsafe { tma::bulk_reduce_add_f32(block, staging, DQ_PIECE * 4) };
             tma::store_commit();
-        };
-        if self.semaphores == 0 {
-            if leader {
-                reduce();
-            }
-            return;
         }
+    }
+
+    /// Deterministic mode: once it is this key block's turn at the query block, each
+    /// thread adds its fragments with fp32 reductions (to the same fragment-order
+    /// addresses), warpgroup 0 before warpgroup 1 where both add to the same piece; then
+    /// the turn passes on. (A bulk-reduction form of this protocol hung at hdim 64 on the
+    /// H100; this one is the form that passed there.)
+    #[inline(always)]
+    fn reduce_in_turn(&self, piece: &DqPiece, head: u32, m: u32, col0: u32, wg: u32, thread_in_wg: u32) {
         let semaphore = self.semaphores + 4 * (head as u64 * self.query_blocks as u64 + m as u64);
         if self.turn_keeper {
             // Key blocks 0..n_block see every query block this one sees (smaller keys are
@@ -87,21 +107,33 @@ impl<K: BwdTraits> DqWriter<K> {
             while unsafe { global::ld_acquire_u32(semaphore) } < self.n_block {}
         }
         NamedBarrier::DqTurn.sync(0);
-        // Both warpgroups add to the same piece when they split the keys: warpgroup 0
-        // first, always.
-        for turn in 0..2 {
-            if (!DqSplit::shared::<K>() || wg == turn) && leader {
-                reduce();
-                // Done, not only read: the next key block's reduction must see it.
-                tma::bulk_wait::<0>();
+        let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
+        // Derived after the wait: held across it, the address would cost a register the
+        // mainloop needs.
+        let block = self.block(head, m, col0);
+        let add_piece = || {
+            for (j, frag) in piece.iter().enumerate() {
+                let at = block + 4 * (((warp * 8 + j as u32) * 32 + lane) * 4) as u64;
+                for (i, &x) in frag.iter().enumerate() {
+                    // SAFETY: inside the piece (fragment order, 16 B per thread and n-tile).
+                    unsafe { global::red_add_f32(at + 4 * i as u64, x) };
+                }
             }
-            if DqSplit::shared::<K>() && turn == 0 {
-                NamedBarrier::DqTurn.sync(0);
+        };
+        if DqSplit::shared::<K>() {
+            // Both warpgroups add to the same piece: warpgroup 0 first, always.
+            if wg == 0 {
+                add_piece();
             }
-            if !DqSplit::shared::<K>() {
-                break;
+            NamedBarrier::DqTurn.sync(0);
+            if wg == 1 {
+                add_piece();
             }
+        } else {
+            add_piece();
         }
+        // Every thread's additions are issued; the release makes them visible to the
+        // next key block's acquire.
         NamedBarrier::DqTurn.sync(0);
         if self.turn_keeper {
             fence::acq_rel_gpu();

@@ -18,6 +18,8 @@ pub trait BwdTraits: Copy + 'static {
     /// A consumer warpgroup's dK (and dV) accumulator: its 64 keys by `HDIM`.
     type KeyGrads: FragTile + WgmmaAcc;
     const HDIM: u32;
+    /// dQ summed in key-block order, each CTA waiting for its turn (`dq_semaphore`).
+    const DETERMINISTIC: bool;
     /// Query rows per step.
     const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
     /// Keys per CTA.
