@@ -26,8 +26,10 @@ for key in sorted(rows):
     cells = [f"{r[i]:.1f}" if i in r else "-" for i in impls]
     rc = []
     for o in ours:
-        if o in r and "torch-cudnn" in r:
-            x = r[o] / r["torch-cudnn"]
+        # The backward's rows pair with cuDNN's backward (both carry a "-bwd" suffix).
+        peer = "torch-cudnn" + ("-bwd" if o.endswith("-bwd") else "")
+        if o in r and peer in r:
+            x = r[o] / r[peer]
             rc.append(f"{x:.2f}")
             if key[2] >= min_seqlen:
                 ratios[o].append(x)
