@@ -7,7 +7,7 @@ use clap::Parser;
 use cli::{BenchArgs, Cli, Command, InfoArgs, PassArg, PlotArgs, RunArgs, Shape};
 use flash_attn3::bench::{TimingPlan, fwd_flops, time_calls, time_forward};
 use flash_attn3::check::{check, check_backward};
-use flash_attn3::reference::backward::Grads as HostGrads;
+use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
 use flash_attn3::plot::{self, PlotError, Point};
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng};
 use flash_attn3::{
@@ -176,7 +176,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         Ok(g) => g,
         Err(e @ (AttnError::NoDriver | AttnError::NoDevice { .. } | AttnError::UnsupportedGpu { .. })) => {
             println!("no usable GPU ({e}); computing a small case on the CPU reference instead (NOT a GPU result)");
-            return cpu_demo(causal, seed);
+            return cpu_demo(causal, seed, backward);
         }
         Err(e) => return Err(e.into()),
     };
@@ -269,7 +269,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
 }
 
 /// The no-GPU path: the tiled FlashAttention algorithm on the CPU against the f64 reference.
-fn cpu_demo(causal: bool, seed: u64) -> CliResult<()> {
+fn cpu_demo(causal: bool, seed: u64, backward: bool) -> CliResult<()> {
     let (b, s, h, d) = (1, 300, 2, 64);
     let mut r = rng(seed);
     let dtype = DType::BF16;
@@ -287,6 +287,20 @@ fn cpu_demo(causal: bool, seed: u64) -> CliResult<()> {
     );
     if err > 1e-5 || lse_err > 1e-4 {
         return Err(CliError::CheckFailed);
+    }
+    if backward {
+        // The recompute backward's tiles on the CPU (the GPU kernel's 64 x 128), in f32.
+        let dout = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
+        let tiling = BwdTiling { block_m: 64, block_n: 128 };
+        let got = attention_backward_tiled(&p, &dout, &tiled.o, &tiled.lse, tiling, None);
+        let [eq, ek, ev] = got.max_abs_err(&attention_backward_f64(&p, &dout));
+        println!(
+            "CPU reference (no GPU): tiled recompute backward, 64 x 128 tiles: max |dQ - exact| = {eq:.2e}, \
+             max |dK - exact| = {ek:.2e}, max |dV - exact| = {ev:.2e}"
+        );
+        if eq.max(ek).max(ev) > 1e-4 {
+            return Err(CliError::CheckFailed);
+        }
     }
     Ok(())
 }
