@@ -147,9 +147,9 @@ pub fn block_threads(k: &KernelEntry) -> u32 {
 }
 
 /// Largest grid y/z extent.
-pub(crate) const MAX_GRID_YZ: usize = 65_535;
+const MAX_GRID_YZ: usize = 65_535;
 /// Sequence lengths are indexed with i32 in the kernels (with room for tile overrun).
-pub(crate) const MAX_SEQLEN: usize = (i32::MAX / 2) as usize;
+const MAX_SEQLEN: usize = (i32::MAX / 2) as usize;
 
 pub(crate) fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
     let l = &t.layout;
@@ -174,6 +174,36 @@ pub(crate) fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The checks the forward and the backward share: the LSE (`(address, elements)`) holds
+/// `batch * heads_q * seqlen_q` f32 and is 4-byte aligned; the softmax scale (the
+/// default's for `hdim` when not given) is finite and non-negative; sizes fit a launch.
+/// Returns the scale.
+pub(crate) fn check_lse_scale_and_sizes(lse: (u64, usize), q_shape: [usize; 4], seqlen_k: usize, opts: &AttnOptions) -> Result<f32> {
+    let [batch, seqlen_q, heads_q, hdim] = q_shape;
+    let lse_needed = batch * heads_q * seqlen_q;
+    if lse.1 < lse_needed {
+        return Err(AttnError::OutOfBounds { arg: Arg::Lse, needed: lse_needed, len: lse.1 });
+    }
+    if lse.0 % 4 != 0 {
+        return Err(AttnError::Misaligned { arg: Arg::Lse, detail: format!("address {:#x} is not 4-byte aligned", lse.0) });
+    }
+    let scale = opts.softmax_scale.unwrap_or(1.0 / (hdim as f32).sqrt());
+    // The kernels keep running maxima of the scaled scores as the max of the raw ones
+    // times the scale: a negative scale would turn them into minima (and overflow exp2).
+    if !scale.is_finite() || scale < 0.0 {
+        return Err(AttnError::InvalidScale(scale));
+    }
+    if seqlen_q > MAX_SEQLEN || seqlen_k > MAX_SEQLEN {
+        return Err(AttnError::TooLarge(format!("sequence length over {MAX_SEQLEN}")));
+    }
+    if heads_q > MAX_GRID_YZ || batch > MAX_GRID_YZ {
+        return Err(AttnError::TooLarge(format!(
+            "batch ({batch}) and heads ({heads_q}) must each be at most {MAX_GRID_YZ}"
+        )));
+    }
+    Ok(scale)
 }
 
 /// L2 the K/V of one section of tiles may fill (of the H100's 50 MB; FA3 uses 32 MB).
@@ -250,27 +280,7 @@ pub fn plan_forward(
     if heads_q % heads_k != 0 {
         return Err(AttnError::HeadsNotDivisible { heads_q, heads_k });
     }
-    let lse_needed = batch * heads_q * seqlen_q;
-    if lse.1 < lse_needed {
-        return Err(AttnError::OutOfBounds { arg: Arg::Lse, needed: lse_needed, len: lse.1 });
-    }
-    if lse.0 % 4 != 0 {
-        return Err(AttnError::Misaligned { arg: Arg::Lse, detail: format!("address {:#x} is not 4-byte aligned", lse.0) });
-    }
-    let scale = opts.softmax_scale.unwrap_or(1.0 / (hdim as f32).sqrt());
-    // The kernels keep running maxima of the scaled scores as the max of the raw ones
-    // times the scale: a negative scale would turn them into minima (and overflow exp2).
-    if !scale.is_finite() || scale < 0.0 {
-        return Err(AttnError::InvalidScale(scale));
-    }
-    if seqlen_q > MAX_SEQLEN || seqlen_k > MAX_SEQLEN {
-        return Err(AttnError::TooLarge(format!("sequence length over {MAX_SEQLEN}")));
-    }
-    if heads_q > MAX_GRID_YZ || batch > MAX_GRID_YZ {
-        return Err(AttnError::TooLarge(format!(
-            "batch ({batch}) and heads ({heads_q}) must each be at most {MAX_GRID_YZ}"
-        )));
-    }
+    let scale = check_lse_scale_and_sizes(lse, [batch, seqlen_q, heads_q, hdim], seqlen_k, opts)?;
 
     // The schedule depends only on whether the kernel is warp-specialized and has every
     // technique (multicast), which every default is (whatever the cluster).

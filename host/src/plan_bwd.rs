@@ -1,7 +1,7 @@
 //! Validation and launch planning of the backward pass: pure functions of shapes,
 //! strides, dtypes and addresses, so every misuse is caught (and tested) without a GPU.
 use crate::error::{Arg, AttnError, Result};
-use crate::plan::{AttnOptions, MAX_GRID_YZ, MAX_SEQLEN, TensorDesc, check_tensor, strides};
+use crate::plan::{AttnOptions, TensorDesc, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage};
 use common::KernelEntry;
@@ -144,13 +144,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions) -> Result<BwdPlan> {
     if heads_q % heads_k != 0 {
         return Err(AttnError::HeadsNotDivisible { heads_q, heads_k });
     }
-    let lse_needed = batch * heads_q * seqlen_q;
-    if t.lse.1 < lse_needed {
-        return Err(AttnError::OutOfBounds { arg: Arg::Lse, needed: lse_needed, len: t.lse.1 });
-    }
-    if t.lse.0 % 4 != 0 {
-        return Err(AttnError::Misaligned { arg: Arg::Lse, detail: format!("address {:#x} is not 4-byte aligned", t.lse.0) });
-    }
+    let scale = check_lse_scale_and_sizes(t.lse, t.q.layout.shape, seqlen_k, opts)?;
     let ws = WorkspaceLayout::new(batch, seqlen_q, heads_q, hdim);
     if t.workspace.1 < ws.bytes {
         return Err(AttnError::OutOfBounds { arg: Arg::Workspace, needed: ws.bytes, len: t.workspace.1 });
@@ -164,16 +158,6 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions) -> Result<BwdPlan> {
     // Outputs must not overlap anything else the call reads or writes: the kernels would
     // read what they are overwriting.
     check_disjoint(&all)?;
-    let scale = opts.softmax_scale.unwrap_or(1.0 / (hdim as f32).sqrt());
-    if !scale.is_finite() || scale < 0.0 {
-        return Err(AttnError::InvalidScale(scale));
-    }
-    if seqlen_q > MAX_SEQLEN || seqlen_k > MAX_SEQLEN {
-        return Err(AttnError::TooLarge(format!("sequence length over {MAX_SEQLEN}")));
-    }
-    if heads_q > MAX_GRID_YZ || batch > MAX_GRID_YZ {
-        return Err(AttnError::TooLarge(format!("batch ({batch}) and heads ({heads_q}) must each be at most {MAX_GRID_YZ}")));
-    }
     let find = |stage| bwd::find(stage, hdim as u32, dtype).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
     let main_stage = if opts.deterministic { BwdStage::MainDeterministic } else { BwdStage::Main };
     let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);

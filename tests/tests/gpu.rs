@@ -607,26 +607,12 @@ fn main() {
     // One case at a time: each already uses every core for its CPU reference.
     args.test_threads.get_or_insert(1);
     let gpu = support::gpu_or_skip("GPU tests");
-    let mut trials: Vec<Trial> = cases()
-        .into_iter()
-        .map(|c| {
-            let gpu = gpu.clone();
-            let ignored = gpu.is_none();
-            Trial::test(c.name(), move || match &gpu {
-                Some(g) => run_case(g, &c),
-                None => Ok(()),
-            })
-            .with_ignored_flag(ignored)
-        })
-        .collect();
-    let g = gpu.clone();
-    trials.push(
-        Trial::test("dynamic_counters_stay_right_across_threads_and_streams", move || match &g {
-            Some(g) => dynamic_counters_stay_right_across_threads_and_streams(g),
-            None => Ok(()),
-        })
-        .with_ignored_flag(gpu.is_none()),
-    );
+    let mut trials: Vec<Trial> = cases().into_iter().map(|c| support::gpu_trial(c.name(), &gpu, move |g| run_case(g, &c))).collect();
+    trials.push(support::gpu_trial(
+        "dynamic_counters_stay_right_across_threads_and_streams",
+        &gpu,
+        dynamic_counters_stay_right_across_threads_and_streams,
+    ));
     for (name, test) in [
         ("dynamic_counter_is_right_in_graph_replays", dynamic_counter_is_right_in_graph_replays as fn() -> _),
         ("a_stream_of_another_context_handle_is_refused", a_stream_of_another_context_handle_is_refused),

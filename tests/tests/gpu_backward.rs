@@ -223,25 +223,7 @@ fn main() {
     let mut args = Arguments::from_args();
     args.test_threads.get_or_insert(1);
     let gpu = support::gpu_or_skip("GPU backward tests");
-    let mut trials: Vec<Trial> = cases()
-        .into_iter()
-        .map(|c| {
-            let gpu = gpu.clone();
-            let ignored = gpu.is_none();
-            Trial::test(c.name(), move || match &gpu {
-                Some(g) => run_case(g, &c),
-                None => Ok(()),
-            })
-            .with_ignored_flag(ignored)
-        })
-        .collect();
-    let g = gpu.clone();
-    trials.push(
-        Trial::test("bwd_misuse_is_refused_before_launch", move || match &g {
-            Some(g) => misuse_is_refused_before_launch(g),
-            None => Ok(()),
-        })
-        .with_ignored_flag(gpu.is_none()),
-    );
+    let mut trials: Vec<Trial> = cases().into_iter().map(|c| support::gpu_trial(c.name(), &gpu, move |g| run_case(g, &c))).collect();
+    trials.push(support::gpu_trial("bwd_misuse_is_refused_before_launch", &gpu, misuse_is_refused_before_launch));
     libtest_mimic::run(&args, trials).exit();
 }

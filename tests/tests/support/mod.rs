@@ -2,6 +2,7 @@
 //! GPU (or the reason the tests skip).
 #![allow(dead_code)]
 use flash_attn3::{Gpu, Layout};
+use libtest_mimic::{Failed, Trial};
 use std::sync::Arc;
 
 /// Strided layouts with gaps: padded heads (+8 elements) and rows (+1 head).
@@ -42,4 +43,15 @@ pub fn gpu_or_skip(what: &str) -> Option<Arc<Gpu>> {
             None
         }
     }
+}
+
+/// A test that runs `test` on the GPU, reported as ignored without one.
+pub fn gpu_trial(name: impl Into<String>, gpu: &Option<Arc<Gpu>>, test: impl FnOnce(&Gpu) -> Result<(), Failed> + Send + 'static) -> Trial {
+    let gpu = gpu.clone();
+    let ignored = gpu.is_none();
+    Trial::test(name, move || match &gpu {
+        Some(g) => test(g),
+        None => Ok(()),
+    })
+    .with_ignored_flag(ignored)
 }
