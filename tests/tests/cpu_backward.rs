@@ -4,7 +4,7 @@
 //! skipping is exact, and the naive low-precision backward gives a meaningful budget that
 //! the tiled algorithm with rounded operands meets under FlashAttention's 2x rule.
 use flash_attn3::check::grad_slack as fa_slack;
-use flash_attn3::{DType, round_to};
+use flash_attn3::DType;
 use flash_attn3::reference::backward::{
     BwdTiling, Grads, attention_backward_f64, attention_backward_lowp, attention_backward_tiled,
     causal_first_query_block, visited_block_pairs,
