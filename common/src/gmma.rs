@@ -37,6 +37,13 @@ pub const fn smem_desc(addr: u32, lbo: u32, sbo: u32, swizzle: Swizzle) -> u64 {
         | ((swizzle as u64) << 62)
 }
 
+/// A descriptor `bytes` further into its tile (the start address is stored >> 4; `bytes`
+/// is a multiple of 16 that keeps it inside the 18-bit window).
+#[inline(always)]
+pub const fn desc_add(desc: u64, bytes: u32) -> u64 {
+    desc + (bytes >> 4) as u64
+}
+
 /// Descriptor of a K-major 128 B-swizzled operand tile (Q, K) at `addr`.
 #[inline(always)]
 pub const fn k_major_sw128(addr: u32) -> u64 {
@@ -99,6 +106,8 @@ mod tests {
     fn k_step_advances_start_address_by_two() {
         // +32 bytes (one k16 step of 16-bit elements) is +2 in the encoded start address.
         assert_eq!(k_major_sw128(0x2000 + 32) - k_major_sw128(0x2000), 2);
+        assert_eq!(desc_add(k_major_sw128(0x2000), 32), k_major_sw128(0x2000 + 32));
+        assert_eq!(desc_add(mn_major_sw128(0x4000, 64), 2048), mn_major_sw128(0x4800, 64));
     }
 
     #[test]

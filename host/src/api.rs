@@ -4,6 +4,7 @@ use crate::gpu::Gpu;
 use crate::plan::{AttnOptions, FwdPlan, TensorDesc, plan_forward};
 use crate::plan_bwd::{BwdTensors, backward_workspace_bytes, plan_backward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
+use crate::tma::TensorMapSpec;
 use common::{FwdParams, TmaDescriptors};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
@@ -28,6 +29,17 @@ unsafe impl DeviceRepr for ParamBlock {}
 struct TmaBlock(TmaDescriptors);
 // SAFETY: opaque bytes the kernel hands to the TMA unit.
 unsafe impl DeviceRepr for TmaBlock {}
+
+impl TmaBlock {
+    /// The four maps, encoded in order (needs the driver).
+    fn encode(maps: &[TensorMapSpec; 4]) -> Result<Self> {
+        let mut block = [0u64; 64];
+        for (i, m) in maps.iter().enumerate() {
+            block[16 * i..16 * (i + 1)].copy_from_slice(&m.encode()?);
+        }
+        Ok(TmaBlock(TmaDescriptors(block)))
+    }
+}
 
 fn desc(t: &TensorRef<'_>, addr: u64) -> TensorDesc {
     TensorDesc { dtype: t.dtype(), layout: t.layout, addr, buffer_len: t.buffer_len() }
@@ -114,11 +126,7 @@ fn launch_with(stream: &Arc<CudaStream>, f: &CudaFunction, cfg: LaunchConfig, pl
     let mut builder = stream.launch_builder(f);
     let tma;
     if let Some(maps) = &plan.tma {
-        let mut block = [0u64; 64];
-        for (i, m) in maps.iter().enumerate() {
-            block[16 * i..16 * (i + 1)].copy_from_slice(&m.encode()?);
-        }
-        tma = TmaBlock(TmaDescriptors(block));
+        tma = TmaBlock::encode(maps)?;
         builder.arg(&tma);
     }
     builder.arg(&params);
@@ -231,18 +239,14 @@ pub fn flash_attn_backward_into(
         workspace: (ws_ptr, ws_len),
     };
     let plan = plan_backward(&tensors, opts)?;
-    let mut block = [0u64; 64];
-    for (i, m) in plan.tma.iter().enumerate() {
-        block[16 * i..16 * (i + 1)].copy_from_slice(&m.encode()?);
-    }
-    let tma = TmaBlock(TmaDescriptors(block));
+    let tma = TmaBlock::encode(&plan.tma)?;
     let params = BwdParamBlock(plan.params);
-    for (i, l) in plan.launches.iter().enumerate() {
+    for l in &plan.launches {
         let (f, _) = gpu.function(l.kernel).ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", l.kernel.name)))?;
         let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.block, 1, 1), shared_mem_bytes: l.smem_bytes };
         let mut builder = stream.launch_builder(f);
-        // The main kernel (the second launch) takes the tensor maps first.
-        if i == 1 {
+        // The main kernel takes the tensor maps first.
+        if l.kernel.tma_param_bytes > 0 {
             builder.arg(&tma);
         }
         builder.arg(&params);

@@ -22,13 +22,7 @@ use crate::ptx::compiler::opaque_u64;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{fence, math, smem};
 use common::bwd::{BwdParams, DQ_PIECE, STAGES, first_query_block, step_needs_mask};
-use common::gmma::{k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_rows};
-
-/// Adds a byte offset to a descriptor's start address (which is stored >> 4).
-#[inline(always)]
-fn desc_add(desc: u64, bytes: u32) -> u64 {
-    desc + (bytes >> 4) as u64
-}
+use common::gmma::{desc_add, k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_rows};
 
 /// Which (query, key) pairs of this lane's two key rows the mask hides: a pair is hidden
 /// when its query is below the row's bound (`key - (seqlen_k - seqlen_q)` under a causal

@@ -26,7 +26,7 @@ use crate::ptx::{math, mma};
 use crate::softmax::OnlineSoftmax;
 use common::FwdParams;
 use common::fa3::KV_STAGES;
-use common::gmma::{k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_offset};
+use common::gmma::{desc_add, k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_offset};
 
 /// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
 pub type QFrags = [[u32; 4]; 8];
@@ -122,12 +122,6 @@ impl Operands {
     fn v_desc<K: KernelTraits>(&self, st: PipelineState<KV_STAGES>) -> u64 {
         mn_major_sw128(self.v.slot(st.index()).0, K::BLOCK_N)
     }
-}
-
-/// Adds a byte offset to a descriptor's start address (which is stored >> 4).
-#[inline(always)]
-fn desc_add(desc: u64, bytes: u32) -> u64 {
-    desc + (bytes >> 4) as u64
 }
 
 /// S = Q K^T over the head dim, from wherever Q is: `HDIM/16` SS wgmmas with both
