@@ -264,7 +264,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         ],
         Storage::Strided => [upload(&q, transposed(q.shape))?, upload(&k, padded(k.shape))?, upload(&v, padded(v.shape))?],
     };
-    let before: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
+    let before = support::snapshot(&inputs, &stream)?;
 
     // Both launches on one stream: the second also checks that the dynamic schedule's
     // tile counter, shared by the launches of a stream, was left right by the first.
@@ -304,7 +304,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         }
     }
     // Inputs are never modified.
-    let after: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
+    let after = support::snapshot(&inputs, &stream)?;
     if before != after {
         return Err(format!("seed {seed}: an input buffer changed").into());
     }

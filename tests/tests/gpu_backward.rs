@@ -148,7 +148,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         [upload(&q, packed(&q))?, upload(&k, packed(&k))?, upload(&v, packed(&v))?, upload(&dout, packed(&dout))?]
     };
     let fwd = flash_attn_func(gpu, &stream, &inputs[0].as_ref(), &inputs[1].as_ref(), &inputs[2].as_ref(), &AttnOptions::default().causal(c.causal))?;
-    let before: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
+    let before = support::snapshot(&inputs, &stream)?;
 
     let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, None)?;
     let host = |t: &DeviceTensor| t.to_f32(&stream);
@@ -180,7 +180,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             }
         }
     }
-    let after: Vec<Vec<u32>> = inputs.iter().map(|t| bits(&t.raw_f32(&stream).unwrap())).collect();
+    let after = support::snapshot(&inputs, &stream)?;
     if before != after {
         return Err(format!("seed {seed}: an input buffer changed").into());
     }

@@ -1,7 +1,8 @@
 //! What the GPU test binaries share: strided layouts with gaps, bit patterns, and the
 //! GPU (or the reason the tests skip).
 #![allow(dead_code)]
-use flash_attn3::{Gpu, Layout};
+use cudarc::driver::CudaStream;
+use flash_attn3::{DeviceTensor, Gpu, Layout};
 use libtest_mimic::{Failed, Trial};
 use std::sync::Arc;
 
@@ -23,6 +24,12 @@ pub fn transposed(shape: [usize; 4]) -> (Layout, usize) {
 /// The bit patterns of `v`, to compare results exactly (NaN included).
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The bits of every element of `tensors`' buffers, gaps included: equal before and after
+/// a call when the call modified none of them.
+pub fn snapshot(tensors: &[DeviceTensor], stream: &Arc<CudaStream>) -> Result<Vec<Vec<u32>>, Failed> {
+    tensors.iter().map(|t| Ok(bits(&t.raw_f32(stream)?))).collect()
 }
 
 /// GPU 0, or `None` with the reason printed (the tests then report themselves ignored);
