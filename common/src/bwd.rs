@@ -72,6 +72,145 @@ pub const fn step_needs_mask(causal: bool, m: u32, n: u32, block_m: u32, block_n
     causal && ((m * block_m) as i64 + seqlen_k as i64 - seqlen_q as i64) < ((n + 1) * block_n) as i64 - 1
 }
 
+/// How the main kernel orders the CTAs' dQ additions to a query block.
+///
+/// The deterministic mode fixes, for every query block, the order in which the key
+/// blocks' CTAs add to its dQ, and a CTA waits for its turn. The order follows the order
+/// in which the CTAs reach the block, so that a CTA's predecessor got there earlier and
+/// the wait is short; and a CTA only ever waits for CTAs that are resident or launched
+/// before it, so that the grid cannot deadlock.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DqOrder {
+    /// Whatever order the CTAs come in (the default, non-deterministic mode).
+    Unordered = 0,
+    /// Without a mask: the CTA of key block `n` starts at query block `n` and goes round
+    /// (`n, n + 1, ..., blocks - 1, 0, ..., n - 1`), so at any step no two CTAs add to the
+    /// same block and each one reaches a block one step after its predecessor. A CTA
+    /// waits for CTAs launched after it, so this order needs every key block of a
+    /// (head, batch) resident at once: at most one key block per SM, and at least as
+    /// many query blocks as key blocks (else two CTAs would reach a block together).
+    Rotated = 1,
+    /// From the last key block down, CTAs launched in that order (the last key block
+    /// first). Under a causal mask a key block's first query block is later the higher
+    /// the key block, so CTAs reach a block in this order, two steps apart at equal
+    /// lengths. Without a mask (where [`DqOrder::Rotated`] does not apply) every CTA
+    /// reaches a block at the same step and they take turns.
+    Descending = 2,
+}
+
+impl DqOrder {
+    /// The order of a call.
+    pub const fn choose(deterministic: bool, causal: bool, query_blocks: u32, key_blocks: u32, sm_count: u32) -> DqOrder {
+        if !deterministic {
+            DqOrder::Unordered
+        } else if !causal && query_blocks >= key_blocks && key_blocks <= sm_count {
+            DqOrder::Rotated
+        } else {
+            DqOrder::Descending
+        }
+    }
+
+    /// The key block of the CTA with `blockIdx.x = x` (CTAs launch in `x` order).
+    #[inline(always)]
+    pub const fn key_block(self, x: u32, key_blocks: u32) -> u32 {
+        match self {
+            DqOrder::Descending => key_blocks - 1 - x,
+            _ => x,
+        }
+    }
+
+    /// The query block of the `i`-th step (of `blocks - first`) over one query head of
+    /// the CTA of key block `n`, which sees query blocks `first..blocks`.
+    #[inline(always)]
+    pub const fn query_block(self, i: u32, n: u32, first: u32, blocks: u32) -> u32 {
+        match self {
+            // first = 0 and n < key_blocks <= blocks: one subtraction wraps it.
+            DqOrder::Rotated => {
+                let m = i + n;
+                if m >= blocks { m - blocks } else { m }
+            }
+            _ => first + i,
+        }
+    }
+
+    /// How many CTAs add to query block `m`'s dQ before the CTA of key block `n` does
+    /// (deterministic orders only).
+    #[inline(always)]
+    pub const fn turn(self, n: u32, m: u32, causal: bool, block_m: u32, seqlen_q: u32, seqlen_k: u32) -> u32 {
+        let key_blocks = seqlen_k.div_ceil(BLOCK_N);
+        match self {
+            // Arrival order at m: min(m, key_blocks - 1), then down, going round.
+            DqOrder::Rotated => {
+                let t = if m < key_blocks { m } else { key_blocks - 1 } + key_blocks - n;
+                if t >= key_blocks { t - key_blocks } else { t }
+            }
+            _ => key_blocks_seeing(causal, m, block_m, BLOCK_N, seqlen_q, seqlen_k) - 1 - n,
+        }
+    }
+}
+
+/// The steps of the main kernel's CTA of key block `n`, in order: for each query head of
+/// its K/V head (`h` of `kv_group`), the query blocks that see its keys, in the
+/// [`DqOrder`]'s order. The producer, the consumers and the dQ writer walk it alike.
+#[derive(Clone, Copy)]
+pub struct CtaSteps {
+    order: DqOrder,
+    n: u32,
+    first: u32,
+    blocks: u32,
+    kv_group: u32,
+}
+
+impl CtaSteps {
+    #[inline(always)]
+    pub fn new(p: &BwdParams, n: u32, block_m: u32) -> Self {
+        CtaSteps {
+            order: p.dq_order(),
+            n,
+            first: first_query_block(p.causal != 0, n, block_m, BLOCK_N, p.seqlen_q, p.seqlen_k),
+            blocks: p.query_blocks(block_m),
+            kv_group: p.kv_group,
+        }
+    }
+
+    /// No query block sees the CTA's keys (its dK and dV are zero).
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.first >= self.blocks
+    }
+
+    /// Calls `f(h, m)` for every step.
+    #[inline(always)]
+    pub fn for_each(&self, mut f: impl FnMut(u32, u32)) {
+        if self.is_empty() {
+            return;
+        }
+        for h in 0..self.kv_group {
+            for i in 0..self.blocks - self.first {
+                f(h, self.order.query_block(i, self.n, self.first, self.blocks));
+            }
+        }
+    }
+}
+
+/// How many key blocks (of `block_n` keys, from key 0) query block `m` sees: all of them
+/// without a mask; under a bottom-right causal mask those up to its last row's last key.
+pub const fn key_blocks_seeing(causal: bool, m: u32, block_m: u32, block_n: u32, seqlen_q: u32, seqlen_k: u32) -> u32 {
+    let key_blocks = seqlen_k.div_ceil(block_n);
+    if !causal {
+        return key_blocks;
+    }
+    let last_row = if (m + 1) * block_m < seqlen_q { (m + 1) * block_m } else { seqlen_q } as i64 - 1;
+    let last_key = last_row + seqlen_k as i64 - seqlen_q as i64;
+    if last_key < 0 {
+        0
+    } else {
+        let n = last_key as u32 / block_n + 1;
+        if n < key_blocks { n } else { key_blocks }
+    }
+}
+
 /// The tensor maps of the main kernel's descriptor block, in order.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,9 +267,13 @@ pub struct BwdParams {
     /// f32 `[batch, heads_q, padded_rows, hdim]`: dQ before the softmax scale, each query
     /// block's `64 x hdim` floats in [`dq_accum_index`] order.
     pub dq_accum: u64,
-    /// u32 `[batch, heads_q, query blocks]`: in deterministic mode, how many key blocks
-    /// have added to a query block's dQ (they add in key-block order); 0 otherwise.
+    /// u32 `[batch, heads_q, query blocks]`: in deterministic mode, how many consumer
+    /// warpgroups have added to a query block's dQ (two per CTA, in [`DqOrder`]); 0
+    /// otherwise.
     pub dq_semaphore: u64,
+    /// A [`DqOrder`]: which key block each CTA takes, the order of its query blocks and
+    /// its turn at each.
+    pub dq_order: u32,
     pub q_strides: Strides,
     pub k_strides: Strides,
     pub v_strides: Strides,
@@ -161,6 +304,22 @@ impl BwdParams {
     #[inline(always)]
     pub fn causal_offset(&self) -> Option<i32> {
         if self.causal != 0 { Some(self.seqlen_k as i32 - self.seqlen_q as i32) } else { None }
+    }
+
+    /// The call's [`DqOrder`].
+    #[inline(always)]
+    pub fn dq_order(&self) -> DqOrder {
+        match self.dq_order {
+            1 => DqOrder::Rotated,
+            2 => DqOrder::Descending,
+            _ => DqOrder::Unordered,
+        }
+    }
+
+    /// Key blocks of [`BLOCK_N`] keys.
+    #[inline(always)]
+    pub fn key_blocks(&self) -> u32 {
+        self.seqlen_k.div_ceil(BLOCK_N)
     }
 
     /// Query blocks of `block_m` rows.
@@ -259,9 +418,10 @@ pub struct SmemLayout {
     /// `block_m` f32 per stage.
     pub lse: crate::fa3::SmemBuffer,
     pub dpsum: crate::fa3::SmemBuffer,
-    /// Each consumer warpgroup's dQ piece ([`DQ_PIECE`] f32), staged for its bulk
-    /// reduction into the accumulator.
-    pub dq: crate::fa3::SmemBuffer,
+    /// Each consumer warpgroup's dQ piece ([`DQ_PIECE`] f32), staged for the dQ writer
+    /// warp's bulk reduction into the accumulator: one slot per consumer warpgroup, with
+    /// its full (staged) and empty (read) barriers.
+    pub dq: crate::fa3::SmemRing,
     /// Bytes to request at launch (with [`crate::fa3::SMEM_ALIGN`] of slack).
     pub total: u32,
 }
@@ -280,13 +440,15 @@ impl SmemLayout {
         let vec_bytes = bm * 4;
         let lse = SmemBuffer { offset: ds.offset + ds.bytes, bytes: STAGES * vec_bytes };
         let dpsum = SmemBuffer { offset: lse.offset + lse.bytes, bytes: STAGES * vec_bytes };
-        let dq = SmemBuffer { offset: dpsum.offset + dpsum.bytes, bytes: MMA_WGS * DQ_PIECE * 4 };
-        let barriers = dq.offset + dq.bytes;
+        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: DQ_PIECE * 4, stages: MMA_WGS, barriers: 0 };
+        let barriers = dq.slot(MMA_WGS);
         let k = SmemRing { barriers, ..k };
         let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
         let q = SmemRing { barriers: v.barriers + v.barrier_bytes(), ..q };
         let dout = SmemRing { barriers: q.barriers + q.barrier_bytes(), ..dout };
-        let end = dout.barriers + 2 * MBARRIER_BYTES * STAGES;
+        let dq = SmemRing { barriers: dout.barriers + dout.barrier_bytes(), ..dq };
+        let end = dq.barriers + dq.barrier_bytes();
+        let _ = MBARRIER_BYTES;
         SmemLayout { k, v, q, dout, ds, lse, dpsum, dq, total: end + SMEM_ALIGN }
     }
 
@@ -303,6 +465,52 @@ mod tests {
     use crate::fa3::MAX_SMEM;
     use std::format;
 
+    /// Simulates the deterministic orders: every CTA of a (head, batch) steps through its
+    /// query blocks, one per step. At each query block the turns of the CTAs that visit
+    /// it are 0, 1, ... in the order they arrive; a CTA's predecessor arrives no later
+    /// (strictly earlier for the rotated order, which has no ties), and under the
+    /// descending order was launched earlier, so no CTA waits for one that cannot run.
+    #[test]
+    fn deterministic_dq_turns_follow_arrival_and_launch_order() {
+        let bm = block_m(128);
+        for causal in [false, true] {
+            for (sq, sk) in [(1u32, 1u32), (64, 128), (700, 1000), (1000, 700), (8192, 8192), (4096, 8192), (8192, 1000), (200, 5000), (5000, 129)] {
+                let (blocks, nb) = (sq.div_ceil(bm), sk.div_ceil(BLOCK_N));
+                for sms in [132, 8] {
+                    let order = DqOrder::choose(true, causal, blocks, nb, sms);
+                    assert!(order != DqOrder::Rotated || (!causal && blocks >= nb && nb <= sms));
+                    // arrivals[m] = (turn, step, launch index x) of each CTA visiting m.
+                    let mut arrivals = std::vec![std::vec::Vec::new(); blocks as usize];
+                    for x in 0..nb {
+                        let n = order.key_block(x, nb);
+                        let first = first_query_block(causal, n, bm, BLOCK_N, sq, sk);
+                        for i in 0..blocks.saturating_sub(first) {
+                            let m = order.query_block(i, n, first, blocks);
+                            assert!(m >= first && m < blocks);
+                            arrivals[m as usize].push((order.turn(n, m, causal, bm, sq, sk), i, x));
+                        }
+                    }
+                    for (m, a) in arrivals.iter_mut().enumerate() {
+                        let ctx = format!("{order:?} causal {causal} sq {sq} sk {sk} m {m}");
+                        assert_eq!(a.len() as u32, key_blocks_seeing(causal, m as u32, bm, BLOCK_N, sq, sk), "{ctx}");
+                        a.sort();
+                        for (t, w) in a.iter().enumerate() {
+                            assert_eq!(w.0, t as u32, "{ctx}: turns must be 0, 1, ...");
+                        }
+                        for w in a.windows(2) {
+                            let (prev, next) = (w[0], w[1]);
+                            assert!(prev.1 <= next.1, "{ctx}: turn {} arrives at step {} after its successor's {}", prev.0, prev.1, next.1);
+                            match order {
+                                DqOrder::Rotated => assert!(prev.1 < next.1, "{ctx}: two CTAs arrive together"),
+                                _ => assert!(prev.2 < next.2, "{ctx}: waits for a CTA launched later"),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_backward_layout_fits_and_its_tiles_are_swizzle_aligned() {
         for &hdim in &HEAD_DIMS {
@@ -312,12 +520,14 @@ mod tests {
                 assert_eq!(off % 1024, 0, "hdim {hdim}: {name} at {off}");
             }
             assert_eq!(l.lse.offset % 16, 0, "bulk copies need 16-byte alignment");
-            assert_eq!(l.dq.offset % 16, 0);
+            assert_eq!(l.dq.data % 16, 0);
             assert_eq!(l.dpsum.offset % 16, 0);
             assert_eq!(l.k.barriers % 8, 0);
             // Nothing overlaps: the regions are in increasing order.
-            let ends = [l.k.slot(1), l.v.slot(1), l.q.slot(STAGES), l.dout.slot(STAGES), l.ds.offset + l.ds.bytes, l.lse.offset + l.lse.bytes, l.dpsum.offset + l.dpsum.bytes, l.dq.offset + l.dq.bytes, l.k.barriers];
-            let starts = [l.k.data, l.v.data, l.q.data, l.dout.data, l.ds.offset, l.lse.offset, l.dpsum.offset, l.dq.offset, l.k.barriers];
+            let ends = [l.k.slot(1), l.v.slot(1), l.q.slot(STAGES), l.dout.slot(STAGES), l.ds.offset + l.ds.bytes, l.lse.offset + l.lse.bytes, l.dpsum.offset + l.dpsum.bytes, l.dq.slot(MMA_WGS), l.k.barriers];
+            let starts = [l.k.data, l.v.data, l.q.data, l.dout.data, l.ds.offset, l.lse.offset, l.dpsum.offset, l.dq.data, l.k.barriers];
+            // The barriers: K, V, Q, dO, dQ rings in a row, inside the allocation.
+            assert_eq!(l.dq.barriers + l.dq.barrier_bytes() + crate::fa3::SMEM_ALIGN, l.total);
             for i in 1..starts.len() {
                 assert!(ends[i - 1] <= starts[i], "hdim {hdim}: region {i}");
             }

@@ -238,7 +238,7 @@ pub fn flash_attn_backward_into(
         dv: TensorDesc { addr: dv_ptr, ..dv_desc },
         workspace: (ws_ptr, ws_len),
     };
-    let plan = plan_backward(&tensors, opts)?;
+    let plan = plan_backward(&tensors, opts, gpu.info().sm_count)?;
     let tma = TmaBlock::encode(&plan.tma)?;
     let params = BwdParamBlock(plan.params);
     for l in &plan.launches {

@@ -3,7 +3,7 @@
 use crate::error::{Arg, AttnError, Result};
 use crate::plan::{AttnOptions, TensorDesc, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
-use common::bwd::{self, BwdParams, BwdStage};
+use common::bwd::{self, BwdParams, BwdStage, DqOrder};
 use common::KernelEntry;
 
 /// Alignment of each region of the workspace.
@@ -93,8 +93,10 @@ pub struct BwdTensors {
     pub workspace: (u64, usize),
 }
 
-/// Validates a backward call and plans its launches.
-pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions) -> Result<BwdPlan> {
+/// Validates a backward call and plans its launches on a GPU with `sm_count` SMs (the
+/// deterministic mode's order of dQ additions depends on how many CTAs are resident at
+/// once: [`common::bwd::DqOrder`]).
+pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Result<BwdPlan> {
     let dtype = t.q.dtype;
     if t.k.dtype != dtype || t.v.dtype != dtype {
         return Err(AttnError::DTypeMismatch { q: dtype, k: t.k.dtype, v: t.v.dtype });
@@ -177,6 +179,13 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions) -> Result<BwdPlan> {
         dpsum: ws_addr + ws.dpsum as u64,
         dq_accum: ws_addr + ws.dq_accum as u64,
         dq_semaphore: if opts.deterministic { ws_addr + ws.semaphores as u64 } else { 0 },
+        dq_order: DqOrder::choose(
+            opts.deterministic,
+            opts.causal,
+            (seqlen_q as u32).div_ceil(bwd::block_m(hdim as u32)),
+            (seqlen_k as u32).div_ceil(bwd::BLOCK_N),
+            sm_count,
+        ) as u32,
         q_strides: strides(&t.q.layout),
         k_strides: strides(&t.k.layout),
         v_strides: strides(&t.v.layout),

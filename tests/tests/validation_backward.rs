@@ -1,7 +1,7 @@
 //! Every misuse of the backward API gets its own precise error, checked without a GPU
 //! through the planner that `flash_attn_backward_into` runs before any launch; and a valid
 //! call is planned as the kernels expect.
-use common::bwd::{self, BwdStage};
+use common::bwd::{self, BwdStage, DqOrder};
 use flash_attn3::plan_bwd::WorkspaceLayout;
 use flash_attn3::{Arg, AttnError, AttnOptions, BwdTensors, DType, Layout, TensorDesc, backward_workspace_bytes, plan_backward};
 
@@ -30,14 +30,14 @@ fn good(d: usize) -> BwdTensors {
 }
 
 fn err(t: &BwdTensors, opts: &AttnOptions) -> AttnError {
-    plan_backward(t, opts).expect_err("this call must be rejected")
+    plan_backward(t, opts, 132).expect_err("this call must be rejected")
 }
 
 #[test]
 fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
     for d in [64, 128] {
         let t = good(d);
-        let plan = plan_backward(&t, &AttnOptions::default().causal(true)).unwrap();
+        let plan = plan_backward(&t, &AttnOptions::default().causal(true), 132).unwrap();
         let stages: Vec<_> = plan.launches.iter().map(|l| l.kernel.kind).collect();
         assert_eq!(
             stages,
@@ -59,9 +59,16 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
         assert!((p.softmax_scale - 1.0 / (d as f32).sqrt()).abs() < 1e-7);
         assert_eq!(plan.tma[0].box_dims, [64, 64, d as u32 / 64, 1, 1], "q: 64 query rows");
         assert_eq!(plan.tma[1].box_dims, [64, 128, d as u32 / 64, 1, 1], "k: 128 keys");
-        let det = plan_backward(&t, &AttnOptions::default().deterministic(true)).unwrap();
+        assert_eq!(p.dq_order, DqOrder::Unordered as u32);
+        let det = plan_backward(&t, &AttnOptions::default().deterministic(true), 132).unwrap();
         assert_eq!(det.params.dq_semaphore - t.workspace.0, ws.semaphores as u64);
         assert_eq!(det.launches[1].kernel.kind, common::KernelKind::Backward(BwdStage::MainDeterministic));
+        // 5 query blocks, 4 key blocks: the rotated order when all 4 CTAs of a head fit.
+        assert_eq!(det.params.dq_order, DqOrder::Rotated as u32);
+        let few_sms = plan_backward(&t, &AttnOptions::default().deterministic(true), 3).unwrap();
+        assert_eq!(few_sms.params.dq_order, DqOrder::Descending as u32);
+        let causal = plan_backward(&t, &AttnOptions::default().deterministic(true).causal(true), 132).unwrap();
+        assert_eq!(causal.params.dq_order, DqOrder::Descending as u32);
     }
 }
 

@@ -1,144 +1,125 @@
 //! dQ's fp32 accumulator in global memory: every key block adds its `dS K` to the query
-//! blocks it sees. Each consumer warpgroup stages its 64 x 64 piece in shared memory in
-//! fragment order (`common::bwd::dq_accum_index`: 16-byte stores, no bank conflict) and
-//! one thread adds it to the accumulator with one bulk reduction (`cp.reduce.async.bulk`,
-//! summed in L2): a per-element `red` from every thread made the backward bound by L2
-//! atomics. By default in whatever order the CTAs come; in deterministic mode in key-block
-//! order, each CTA waiting on a per-(query block, head, batch) counter for its turn, so the
-//! sums are bit-identical across runs (there with per-element fp32 reductions, see
-//! [`DqWriter::add`]).
+//! blocks it sees. Each consumer warpgroup stages its 64 x 64 piece in its shared-memory
+//! slot in fragment order (`common::bwd::dq_accum_index`: 16-byte stores, no bank
+//! conflict) and signals the slot's full barrier; the dQ writer, a warp of the producer
+//! warpgroup, adds the piece to the accumulator with one bulk reduction
+//! (`cp.reduce.async.bulk`, summed in L2) and frees the slot once it has been read (FA3's
+//! layout: a per-element `red` from every thread made the backward bound by L2 atomics,
+//! and the consumers never wait on global memory).
+//!
+//! By default the pieces are added in whatever order the CTAs come. In deterministic mode
+//! in a fixed order per query block ([`common::bwd::DqOrder`]): the writer waits on a
+//! per-(query block, head, batch) counter for its CTA's turn, adds, waits until the sums
+//! are done and hands the turn on, so the sums are bit-identical across runs.
+use super::producer::BwdStorage;
 use super::traits::{BwdTraits, DqPiece, DqSplit};
 use crate::fa3::barriers::NamedBarrier;
-use crate::ptx::smem::{self, SmemAddr};
-use crate::ptx::{fence, global, tma};
-use common::bwd::{BwdParams, DQ_PIECE};
+use crate::ptx::compiler::opaque_u32;
+use crate::ptx::{fence, global, smem, tma};
+use common::bwd::{BwdParams, CtaSteps, DQ_PIECE, MMA_WGS};
 use core::marker::PhantomData;
 
+/// A consumer warpgroup's side: stages its piece of each step.
 #[derive(Clone, Copy)]
-pub struct DqWriter<K: BwdTraits> {
-    /// `dq_accum` of this (batch), `[heads_q, padded_rows, hdim]`.
-    accum: u64,
-    /// `dq_semaphore` of this batch, `[heads_q, query blocks]` (deterministic kernels).
-    semaphores: u64,
-    padded_rows: u32,
-    query_blocks: u32,
-    /// This CTA's key block: its turn at every query block.
-    n_block: u32,
-    /// The consumer thread that waits for and hands on the turn.
-    turn_keeper: bool,
-    kernel: PhantomData<K>,
+pub struct DqStager {
+    /// Parity of the slot's current phase (the slot is used once per step).
+    phase: u32,
 }
 
-impl<K: BwdTraits> DqWriter<K> {
+impl DqStager {
     #[inline(always)]
-    pub fn new(p: &BwdParams, batch: u32, n_block: u32, turn_keeper: bool) -> Self {
-        let query_blocks = p.query_blocks(K::BLOCK_M);
-        let per_batch = p.heads_q as u64 * p.padded_rows as u64 * K::HDIM as u64 * 4;
-        DqWriter {
-            accum: p.dq_accum + batch as u64 * per_batch,
-            semaphores: if p.dq_semaphore == 0 { 0 } else { p.dq_semaphore + batch as u64 * p.heads_q as u64 * query_blocks as u64 * 4 },
-            padded_rows: p.padded_rows,
-            query_blocks,
-            n_block,
-            turn_keeper,
-            kernel: PhantomData,
-        }
+    pub fn new() -> Self {
+        DqStager { phase: 0 }
     }
 
-    /// Adds consumer warpgroup `wg`'s piece (columns `col0..col0 + 64`, [`DqSplit`]) of
-    /// query block `m` of query head `head`, through its staging buffer `staging`
-    /// ([`DQ_PIECE`] f32). Every consumer thread of the CTA calls it once per step.
+    /// Stages consumer warpgroup `wg`'s piece for this step. Every thread of the
+    /// warpgroup calls it.
     #[inline(always)]
-    pub fn add(&self, piece: &DqPiece, head: u32, m: u32, col0: u32, wg: u32, thread_in_wg: u32, staging: SmemAddr) {
-        if !K::DETERMINISTIC {
-            self.reduce_bulk(piece, self.block(head, m, col0), wg, thread_in_wg, staging);
-        } else {
-            self.reduce_in_turn(piece, head, m, col0, wg, thread_in_wg);
-        }
-    }
-
-    /// Address of the accumulator piece of columns `col0..col0 + 64` of query block `m`
-    /// of query head `head`.
-    #[inline(always)]
-    fn block(&self, head: u32, m: u32, col0: u32) -> u64 {
-        self.accum
-            + 4 * ((head as u64 * self.padded_rows as u64 + (m * K::BLOCK_M) as u64) * K::HDIM as u64
-                + (col0 / 64 * DQ_PIECE) as u64)
-    }
-
-    /// The piece staged in shared memory and added by one bulk reduction.
-    #[inline(always)]
-    fn reduce_bulk(&self, piece: &DqPiece, block: u64, wg: u32, thread_in_wg: u32, staging: SmemAddr) {
-        let leader = thread_in_wg == 0;
-        // The previous step's reduction from this buffer has read it.
-        if leader {
-            tma::store_wait_read::<0>();
-        }
-        NamedBarrier::Epilogue.sync(wg);
+    pub fn stage(&mut self, storage: &BwdStorage, piece: &DqPiece, wg: u32, thread_in_wg: u32) {
+        let slot = storage.dq.slot(wg);
+        // The writer has read the previous step's piece (a fresh barrier passes at once).
+        storage.dq.empty(wg).wait(self.phase ^ 1);
         let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
         for (j, frag) in piece.iter().enumerate() {
-            let at = staging.add(((warp * 8 + j as u32) * 32 + lane) * 16);
-            // SAFETY: inside this warpgroup's staging buffer; 16 B aligned.
+            let at = slot.add(((warp * 8 + j as u32) * 32 + lane) * 16);
+            // SAFETY: inside this warpgroup's slot; 16 B aligned.
             unsafe { smem::st_v4_u32(at, frag.map(f32::to_bits)) };
         }
         // The bulk reduction reads through the async proxy.
         fence::proxy_async_shared();
         NamedBarrier::Epilogue.sync(wg);
-        if leader {
-            // SAFETY: a whole piece of the accumulator (16 KB, 16 B aligned), staged and
-            // fenced above.
-            unsafe { tma::bulk_reduce_add_f32(block, staging, DQ_PIECE * 4) };
-            tma::store_commit();
+        if thread_in_wg == 0 {
+            storage.dq.full(wg).arrive();
         }
+        self.phase ^= 1;
     }
+}
 
-    /// Deterministic mode: once it is this key block's turn at the query block, each
-    /// thread adds its fragments with fp32 reductions (to the same fragment-order
-    /// addresses), warpgroup 0 before warpgroup 1 where both add to the same piece; then
-    /// the turn passes on. (A bulk-reduction form of this protocol hung at hdim 64 on the
-    /// H100; this one is the form that passed there.)
+/// The dQ writer: one warp of the producer warpgroup, on the producer's registers.
+pub struct DqWriter<K: BwdTraits> {
+    kernel: PhantomData<K>,
+}
+
+impl<K: BwdTraits> DqWriter<K> {
+    /// Adds every step's pieces of the CTA of key block `n_block` (K/V head `head_k`,
+    /// `batch`), in the consumers' order. Every lane of the warp calls it.
     #[inline(always)]
-    fn reduce_in_turn(&self, piece: &DqPiece, head: u32, m: u32, col0: u32, wg: u32, thread_in_wg: u32) {
-        let semaphore = self.semaphores + 4 * (head as u64 * self.query_blocks as u64 + m as u64);
-        if self.turn_keeper {
-            // Key blocks 0..n_block see every query block this one sees (smaller keys are
-            // visible to at least the same rows), and add first.
-            // SAFETY: inside the host-sized semaphore array.
-            while unsafe { global::ld_acquire_u32(semaphore) } < self.n_block {}
-        }
-        NamedBarrier::DqTurn.sync(0);
-        let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
-        // Derived after the wait: held across it, the address would cost a register the
-        // mainloop needs.
-        let block = self.block(head, m, col0);
-        let add_piece = || {
-            for (j, frag) in piece.iter().enumerate() {
-                let at = block + 4 * (((warp * 8 + j as u32) * 32 + lane) * 4) as u64;
-                for (i, &x) in frag.iter().enumerate() {
-                    // SAFETY: inside the piece (fragment order, 16 B per thread and n-tile).
-                    unsafe { global::red_add_f32(at + 4 * i as u64, x) };
+    pub fn run(p: &BwdParams, storage: &BwdStorage, n_block: u32, head_k: u32, batch: u32, lane: u32) {
+        let leader = lane == 0;
+        let mut phase = 0;
+        CtaSteps::new(p, n_block, K::BLOCK_M).for_each(|h, m| {
+            let head = head_k * p.kv_group + h;
+            for wg in 0..MMA_WGS {
+                storage.dq.full(wg).wait(phase);
+            }
+            // (batch, head) of the accumulator and of the semaphores.
+            let bh = batch * p.heads_q + head;
+            let semaphore = |bh: u32| p.dq_semaphore + 4 * (bh * p.query_blocks(K::BLOCK_M) + m) as u64;
+            if K::DETERMINISTIC {
+                let turn = p.dq_order().turn(n_block, m, p.causal != 0, K::BLOCK_M, p.seqlen_q, p.seqlen_k);
+                // The whole warp polls (a warp-uniform loop); one load per poll.
+                // SAFETY: inside the host-sized semaphore array.
+                while unsafe { global::ld_acquire_u32(semaphore(bh)) } < turn {}
+                // The predecessors' reductions, seen through the acquire, come first.
+                fence::proxy_async_global();
+            }
+            if leader {
+                // Derived after the wait (through an opaque value, so that it is not
+                // hoisted above it): held across it, they spilled the producer's 24
+                // registers.
+                let bh = opaque_u32(bh);
+                let row = bh as u64 * p.padded_rows as u64 + (m * K::BLOCK_M) as u64;
+                let block = |wg: u32| p.dq_accum + 4 * (row * K::HDIM as u64 + (DqSplit::of::<K>(wg).col0 / 64 * DQ_PIECE) as u64);
+                for wg in 0..MMA_WGS {
+                    // SAFETY: a whole piece of the accumulator (16 KB, 16 B aligned),
+                    // staged and fenced by the consumers before the full barrier.
+                    unsafe { tma::bulk_reduce_add_f32(block(wg), storage.dq.slot(wg), DQ_PIECE * 4) };
+                    tma::store_commit();
+                    // Where both pieces add to the same floats, the first is summed before
+                    // the second starts: their order is fixed.
+                    if K::DETERMINISTIC && DqSplit::shared::<K>() && wg == 0 {
+                        tma::bulk_wait::<0>();
+                    }
+                }
+                if K::DETERMINISTIC {
+                    // Done, not only read: the next CTA's reductions must find them summed.
+                    tma::bulk_wait::<0>();
+                    fence::proxy_async_global();
+                    fence::acq_rel_gpu();
+                    // SAFETY: as above.
+                    unsafe { global::red_release_add_u32(semaphore(bh), 1) };
+                } else {
+                    tma::store_wait_read::<0>();
+                }
+                for wg in 0..MMA_WGS {
+                    storage.dq.empty(wg).arrive();
                 }
             }
-        };
-        if DqSplit::shared::<K>() {
-            // Both warpgroups add to the same piece: warpgroup 0 first, always.
-            if wg == 0 {
-                add_piece();
-            }
-            NamedBarrier::DqTurn.sync(0);
-            if wg == 1 {
-                add_piece();
-            }
-        } else {
-            add_piece();
-        }
-        // Every thread's additions are issued; the release makes them visible to the
-        // next key block's acquire.
-        NamedBarrier::DqTurn.sync(0);
-        if self.turn_keeper {
-            fence::acq_rel_gpu();
-            // SAFETY: as above.
-            unsafe { global::red_release_add_u32(semaphore, 1) };
+            phase ^= 1;
+        });
+        // Shared memory must outlive the reductions' reads.
+        if leader {
+            tma::store_wait_read::<0>();
         }
     }
 }

@@ -9,7 +9,7 @@
 //!    and Q MN-major B), and this warpgroup's piece of `dQ = dS K` (SS, both MN-major);
 //! 5. the dQ piece added to the fp32 accumulator in global memory by a bulk reduction
 //!    ([`super::dq`]).
-use super::dq::DqWriter;
+use super::dq::DqStager;
 use super::producer::BwdStorage;
 use super::traits::{BwdTraits, DqPiece, DqSplit};
 use crate::element::Element;
@@ -21,7 +21,7 @@ use crate::fa3::traits::{FragTile, ProbTile, ScoreTile, WARPGROUP_ROWS};
 use crate::ptx::compiler::opaque_u64;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{fence, math, smem};
-use common::bwd::{BwdParams, DQ_PIECE, STAGES, first_query_block, step_needs_mask};
+use common::bwd::{BwdParams, CtaSteps, STAGES, step_needs_mask};
 use common::gmma::{desc_add, k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_rows};
 
 /// Which (query, key) pairs of this lane's two key rows the mask hides: a pair is hidden
@@ -67,7 +67,8 @@ pub struct Consumer<'a, K: BwdTraits> {
     pub head_k: u32,
     pub batch: u32,
     pub state: PipelineState<STAGES>,
-    pub dq: DqWriter<K>,
+    pub dq: DqStager,
+    pub kernel: core::marker::PhantomData<K>,
 }
 
 impl<K: BwdTraits> Consumer<'_, K> {
@@ -78,9 +79,8 @@ impl<K: BwdTraits> Consumer<'_, K> {
     pub fn run(&mut self) -> KeyBlockGrads<K> {
         let p = self.p;
         let mut grads = KeyBlockGrads::<K> { dk: K::KeyGrads::zeroed(), dv: K::KeyGrads::zeroed() };
-        let first = first_query_block(p.causal != 0, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k);
-        let blocks = p.query_blocks(K::BLOCK_M);
-        if first >= blocks {
+        let steps = CtaSteps::new(p, self.n_block, K::BLOCK_M);
+        if steps.is_empty() {
             return grads;
         }
         // K and V land once.
@@ -89,22 +89,19 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let lane = self.thread_in_wg % 32;
         let key_row = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
         let mask = KeyRowMask::new(p, key_row);
-        for h in 0..p.kv_group {
-            let head = self.head_k * p.kv_group + h;
-            for m in first..blocks {
-                let masked = step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
-                    || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
-                // Uniform across the CTA; the broadcast lets ptxas see it.
-                let masked = math::shfl_broadcast_u32(masked as u32) != 0;
-                self.step(&mut grads, &mask, head, m, masked);
-            }
-        }
+        steps.for_each(|_, m| {
+            let masked = step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
+                || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
+            // Uniform across the CTA; the broadcast lets ptxas see it.
+            let masked = math::shfl_broadcast_u32(masked as u32) != 0;
+            self.step(&mut grads, &mask, m, masked);
+        });
         grads
     }
 
-    /// One step: query block `m` of query head `head`.
+    /// One step: query block `m` (of the query head the producer loaded).
     #[inline(always)]
-    fn step(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, head: u32, m: u32, masked: bool) {
+    fn step(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, m: u32, masked: bool) {
         let st = self.state;
         let s = &self.storage;
         let (q_slot, do_slot) = (s.q.slot(st.index()), s.dout.slot(st.index()));
@@ -232,8 +229,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         s.dout.consumer_release(st);
         self.state.advance();
 
-        // 5. dQ.
-        let staging = s.dq.add(self.wg * DQ_PIECE * 4);
-        self.dq.add(&dq, head, m, split.col0, self.wg, self.thread_in_wg, staging);
+        // 5. dQ: staged for the writer warp.
+        self.dq.stage(&self.storage, &dq, self.wg, self.thread_in_wg);
     }
 }

@@ -9,7 +9,8 @@
 //!   step);
 //! - [`mainloop`]: two consumer warpgroups, 64 keys each: `Sᵀ`, `dPᵀ`, `Pᵀ`, `dSᵀ`, dV,
 //!   dK and dQ per step;
-//! - [`dq`]: dQ's fp32 accumulation (unordered, or in key-block order);
+//! - [`dq`]: dQ's fp32 accumulation: the consumers stage their pieces, a warp of the
+//!   producer warpgroup adds them (unordered, or in a fixed order per query block);
 //! - [`epilogue`]: dK and dV out;
 //! - [`preprocess`], [`postprocess`]: the launches before and after.
 pub mod dq;
@@ -24,8 +25,8 @@ use crate::fa3::pipeline::PipelineState;
 use crate::fa3::storage::TensorMaps;
 use crate::fa3::traits::WARPGROUP_THREADS;
 use crate::ptx::{barrier, mbarrier, regs, sreg};
-use common::bwd::{BwdParams, MMA_WGS, first_query_block};
-use dq::DqWriter;
+use common::bwd::{BwdParams, CtaSteps, MMA_WGS};
+use dq::{DqStager, DqWriter};
 use mainloop::Consumer;
 use producer::{BwdLoader, BwdStorage};
 pub use traits::BwdTraits;
@@ -41,7 +42,8 @@ impl regs::RegisterCount for ConsumerRegs {
     const N: u32 = 240;
 }
 
-/// The main kernel body. Grid `(key blocks, heads_k, batch)`; `tma`: generic address of
+/// The main kernel body. Grid `(key blocks, heads_k, batch)` (which CTA takes which key
+/// block, and in what order it visits the query blocks: `common::bwd::DqOrder`); `tma`: generic address of
 /// the descriptor block (q, k, v, dO maps).
 ///
 /// # Safety
@@ -49,7 +51,9 @@ impl regs::RegisterCount for ConsumerRegs {
 #[inline(always)]
 pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let tid = sreg::thread_idx_x();
-    let (n_block, head_k, batch) = (sreg::block_idx_x(), sreg::block_idx_y(), sreg::block_idx_z());
+    let order = p.dq_order();
+    let n_block = order.key_block(sreg::block_idx_x(), p.key_blocks());
+    let (head_k, batch) = (sreg::block_idx_y(), sreg::block_idx_z());
     let storage = BwdStorage::new::<K>();
     if tid == 0 {
         storage.init(WARPGROUP_THREADS * MMA_WGS);
@@ -59,19 +63,16 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let wg = tid / WARPGROUP_THREADS;
     if wg == 0 {
         regs::dealloc::<ProducerRegs>();
+        let steps = CtaSteps::new(&p, n_block, K::BLOCK_M);
         if tid == 0 {
             let mut loader = BwdLoader::<K>::new(TensorMaps(tma), storage);
             loader.prefetch_descriptors();
-            let first = first_query_block(p.causal != 0, n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k);
-            let blocks = p.query_blocks(K::BLOCK_M);
-            if first < blocks {
+            if !steps.is_empty() {
                 loader.load_kv(n_block, head_k, batch);
-                for h in 0..p.kv_group {
-                    for m in first..blocks {
-                        loader.load_step(&p, m, head_k * p.kv_group + h, batch);
-                    }
-                }
+                steps.for_each(|h, m| loader.load_step(&p, m, head_k * p.kv_group + h, batch));
             }
+        } else if tid / 32 == 1 {
+            DqWriter::<K>::run(&p, &storage, n_block, head_k, batch, tid % 32);
         }
     } else {
         regs::alloc::<ConsumerRegs>();
@@ -85,7 +86,8 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
             head_k,
             batch,
             state: PipelineState::new(),
-            dq: DqWriter::new(&p, batch, n_block, wg == 0 && thread_in_wg == 0),
+            dq: DqStager::new(),
+            kernel: core::marker::PhantomData,
         };
         let grads = consumer.run();
         epilogue::store::<K>(&p, &grads, n_block, head_k, batch, wg, thread_in_wg);

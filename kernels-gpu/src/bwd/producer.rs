@@ -6,7 +6,7 @@ use crate::fa3::pipeline::{PipelineState, TmaPipeline};
 use crate::fa3::storage::TensorMaps;
 use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
 use crate::ptx::tma;
-use common::bwd::{BwdParams, BwdTensorMap, STAGES};
+use common::bwd::{BwdParams, BwdTensorMap, MMA_WGS, STAGES};
 use common::fa3::{MAX_SMEM, SMEM_ALIGN};
 
 /// The main kernel's shared memory as typed views (`common::bwd::SmemLayout`).
@@ -23,8 +23,9 @@ pub struct BwdStorage {
     /// The LSE (log2) and D vectors, `BLOCK_M` f32 per stage.
     pub lse: SmemAddr,
     pub dpsum: SmemAddr,
-    /// The consumer warpgroups' dQ staging pieces.
-    pub dq: SmemAddr,
+    /// The consumer warpgroups' dQ pieces, one slot each: full once staged, empty once
+    /// the dQ writer's reduction has read it (one arrival each).
+    pub dq: TmaPipeline<MMA_WGS>,
 }
 
 impl BwdStorage {
@@ -41,7 +42,7 @@ impl BwdStorage {
             ds: base.add(l.ds.offset),
             lse: base.add(l.lse.offset),
             dpsum: base.add(l.dpsum.offset),
-            dq: base.add(l.dq.offset),
+            dq: TmaPipeline::at(base, l.dq, None),
         }
     }
 
@@ -64,6 +65,7 @@ impl BwdStorage {
         self.v.init(consumers);
         self.q.init(consumers);
         self.dout.init(consumers);
+        self.dq.init(1);
     }
 }
 

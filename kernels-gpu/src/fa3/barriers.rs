@@ -22,14 +22,10 @@ pub enum NamedBarrier {
     DsFree = 1 + 2 * MAX_CONSUMER_WGS,
     /// Backward: both warpgroups wrote their rows of this step's `dSᵀ` (256 threads).
     DsReady = 1 + 3 * MAX_CONSUMER_WGS,
-    /// Backward, deterministic mode: it is this CTA's turn to add to a query block's dQ,
-    /// and then its additions are all issued (256 threads).
-    DqTurn = 1 + 4 * MAX_CONSUMER_WGS,
 }
 
 /// Every role, for the check below.
-const ROLES: [NamedBarrier; 5] =
-    [NamedBarrier::Epilogue, NamedBarrier::PingPong, NamedBarrier::DsFree, NamedBarrier::DsReady, NamedBarrier::DqTurn];
+const ROLES: [NamedBarrier; 4] = [NamedBarrier::Epilogue, NamedBarrier::PingPong, NamedBarrier::DsFree, NamedBarrier::DsReady];
 
 // The id ranges are disjoint and inside 1..16.
 const _: () = {
@@ -53,7 +49,7 @@ impl NamedBarrier {
     pub const fn threads(self) -> u32 {
         match self {
             NamedBarrier::Epilogue => WARPGROUP_THREADS,
-            NamedBarrier::PingPong | NamedBarrier::DsFree | NamedBarrier::DsReady | NamedBarrier::DqTurn => 2 * WARPGROUP_THREADS,
+            NamedBarrier::PingPong | NamedBarrier::DsFree | NamedBarrier::DsReady => 2 * WARPGROUP_THREADS,
         }
     }
 

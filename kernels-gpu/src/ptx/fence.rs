@@ -10,6 +10,15 @@ pub fn proxy_async_shared() {
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
 }
 
+/// Orders this thread's generic-proxy global-memory accesses (and those it observed,
+/// through an acquire) with its async-proxy ones (bulk copies and reductions) on either
+/// side of it.
+#[inline(always)]
+pub fn proxy_async_global() {
+    // SAFETY: a fence.
+    unsafe { asm!("fence.proxy.async.global;", options(nostack)) };
+}
+
 /// Orders every memory access this thread made or observed before it with those after
 /// it, at GPU scope (`__threadfence()`).
 #[inline(always)]
