@@ -14,8 +14,8 @@
 use super::producer::BwdStorage;
 use super::traits::{BwdTraits, DqPiece, DqSplit};
 use crate::fa3::barriers::NamedBarrier;
-use crate::ptx::compiler::{no_unroll, opaque_u32};
-use crate::ptx::{barrier, fence, global, smem, tma};
+use crate::ptx::compiler::opaque_u32;
+use crate::ptx::{fence, global, smem, tma};
 use common::bwd::{BwdParams, CtaSteps, DQ_PIECE, MMA_WGS};
 use core::marker::PhantomData;
 
@@ -66,34 +66,11 @@ impl<K: BwdTraits> DqWriter<K> {
     #[inline(always)]
     pub fn run(p: &BwdParams, storage: &BwdStorage, n_block: u32, head_k: u32, batch: u32, lane: u32) {
         let leader = lane == 0;
-        // Pieces that reach L2: one per warpgroup, or their sum.
-        const { assert!(MMA_WGS == 2) };
-        let pieces: u32 = if DqSplit::shared::<K>() { 1 } else { MMA_WGS };
         let mut phase = 0;
         CtaSteps::new(p, n_block, K::BLOCK_M).for_each(|h, m| {
             let head = head_k * p.kv_group + h;
             for wg in 0..MMA_WGS {
                 storage.dq.full(wg).wait(phase);
-            }
-            if DqSplit::shared::<K>() {
-                // Both pieces are sums over the same floats (the warpgroups split the
-                // keys): the warp adds the second into the first, so one reduction of
-                // half the bytes reaches L2, in one order.
-                let (first, second) = (storage.dq.slot(0), storage.dq.slot(1));
-                for k in 0..opaque_u32(DQ_PIECE / 4 / 32) {
-                    // Unrolled, the loop spilled the 24 registers.
-                    no_unroll();
-                    let at = (k * 32 + lane) * 16;
-                    // SAFETY: inside the two slots; 16 B aligned; staged before the full
-                    // barriers.
-                    unsafe {
-                        let (a, b) = (smem::ld_v4_u32(first.add(at)), smem::ld_v4_u32(second.add(at)));
-                        let sum = core::array::from_fn(|e| (f32::from_bits(a[e]) + f32::from_bits(b[e])).to_bits());
-                        smem::st_v4_u32(first.add(at), sum);
-                    }
-                }
-                fence::proxy_async_shared();
-                barrier::sync_warp();
             }
             // (batch, head) of the accumulator and of the semaphores.
             let bh = batch * p.heads_q + head;
@@ -113,13 +90,17 @@ impl<K: BwdTraits> DqWriter<K> {
                 let bh = opaque_u32(bh);
                 let row = bh as u64 * p.padded_rows as u64 + (m * K::BLOCK_M) as u64;
                 let block = |wg: u32| p.dq_accum + 4 * (row * K::HDIM as u64 + (DqSplit::of::<K>(wg).col0 / 64 * DQ_PIECE) as u64);
-                for wg in 0..pieces {
+                for wg in 0..MMA_WGS {
                     // SAFETY: a whole piece of the accumulator (16 KB, 16 B aligned),
-                    // staged and fenced before the full barrier (or summed and fenced
-                    // above).
+                    // staged and fenced by the consumers before the full barrier.
                     unsafe { tma::bulk_reduce_add_f32(block(wg), storage.dq.slot(wg), DQ_PIECE * 4) };
+                    tma::store_commit();
+                    // Where both pieces add to the same floats, the first is summed before
+                    // the second starts: their order is fixed.
+                    if K::DETERMINISTIC && DqSplit::shared::<K>() && wg == 0 {
+                        tma::bulk_wait::<0>();
+                    }
                 }
-                tma::store_commit();
                 if K::DETERMINISTIC {
                     // Done, not only read: the next CTA's reductions must find them summed.
                     tma::bulk_wait::<0>();

@@ -31,16 +31,15 @@ use mainloop::Consumer;
 use producer::{BwdLoader, BwdStorage};
 pub use traits::BwdTraits;
 
-/// Registers per thread after `setmaxnreg`: the producer warpgroup's loader thread and dQ
-/// writer warp need few (at 24 the writer's deterministic loop spilled at hdim 64), the
-/// consumers hold dK, dV, `Sᵀ` and `dPᵀ`. 32 + 2 x 232 fits in the 168 x 384 of the launch.
+/// Registers per thread after `setmaxnreg`: the producer's one thread needs few, the
+/// consumers hold dK, dV, `Sᵀ` and `dPᵀ` (FA3's split for two consumer warpgroups).
 struct ProducerRegs;
 struct ConsumerRegs;
 impl regs::RegisterCount for ProducerRegs {
-    const N: u32 = 32;
+    const N: u32 = 24;
 }
 impl regs::RegisterCount for ConsumerRegs {
-    const N: u32 = 232;
+    const N: u32 = 240;
 }
 
 /// The main kernel body. Grid `(key blocks, heads_k, batch)` (which CTA takes which key

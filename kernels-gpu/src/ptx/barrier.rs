@@ -8,14 +8,6 @@ pub fn sync_threads() {
     unsafe { asm!("bar.sync 0;", options(nostack)) };
 }
 
-/// `__syncwarp()`: the lanes of the warp wait for each other; orders their shared-memory
-/// accesses.
-#[inline(always)]
-pub fn sync_warp() {
-    // SAFETY: every lane of the warp reaches it (full mask).
-    unsafe { asm!("bar.warp.sync -1;", options(nostack)) };
-}
-
 /// Named barrier `id` (1..16): waits until `count` threads (a multiple of 32) arrived,
 /// counting this one.
 #[inline(always)]

@@ -18,12 +18,3 @@ pub fn opaque_u64(mut x: u64) -> u64 {
     unsafe { asm!("// opaque {0}", inout(reg64) x, options(nomem, nostack)) };
     x
 }
-
-/// Asks ptxas not to unroll the loop whose body this is in (`.pragma "nounroll"`): an
-/// unrolled loop keeps more values in flight, which a warp on few registers (after
-/// `setmaxnreg`) pays for in spills.
-#[inline(always)]
-pub fn no_unroll() {
-    // SAFETY: a compiler directive: no instruction.
-    unsafe { asm!(".pragma \"nounroll\";", options(nomem, nostack)) };
-}
