@@ -102,11 +102,11 @@ fn backward_kernels_use_hopper_instructions() -> Result<(), Failed> {
             "bar.sync",
             ".maxntid",
         ];
-        // dQ: one bulk reduction per warpgroup and step, or in deterministic mode fp32
-        // reductions after waiting for the turn.
-        match stage {
-            BwdStage::Main => needed.push("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"),
-            _ => needed.extend(["ld.acquire.gpu", "red.relaxed.gpu.global.add.f32", "red.release.gpu"]),
+        // dQ: bulk reductions, issued by the writer warp; in deterministic mode after
+        // waiting for the turn, completed before handing it on.
+        needed.push("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32");
+        if stage == BwdStage::MainDeterministic {
+            needed.extend(["ld.acquire.gpu", "cp.async.bulk.wait_group 0", "fence.proxy.async.global", "red.release.gpu"]);
         }
         if let Some(missing) = needed.iter().find(|n| !body.contains(*n)) {
             return Err(format!("{}: no `{missing}` in its PTX", k.name).into());
