@@ -180,6 +180,25 @@ impl CtaSteps {
         self.first >= self.blocks
     }
 
+    /// Calls `f(m)` for every step, the query block alone: the same walk as
+    /// [`CtaSteps::for_each`] as one cycle through `first..blocks` (each head's order
+    /// continues where the previous one ended), which keeps one counter fewer live (the
+    /// consumers, whose registers are all taken, need no head index).
+    #[inline(always)]
+    pub fn for_each_query_block(&self, mut f: impl FnMut(u32)) {
+        if self.is_empty() {
+            return;
+        }
+        let mut m = self.order.query_block(0, self.n, self.first, self.blocks);
+        for _ in 0..self.kv_group * (self.blocks - self.first) {
+            f(m);
+            m += 1;
+            if m == self.blocks {
+                m = self.first;
+            }
+        }
+    }
+
     /// Calls `f(h, m)` for every step.
     #[inline(always)]
     pub fn for_each(&self, mut f: impl FnMut(u32, u32)) {
@@ -201,8 +220,10 @@ pub const fn key_blocks_seeing(causal: bool, m: u32, block_m: u32, block_n: u32,
     if !causal {
         return key_blocks;
     }
-    let last_row = if (m + 1) * block_m < seqlen_q { (m + 1) * block_m } else { seqlen_q } as i64 - 1;
-    let last_key = last_row + seqlen_k as i64 - seqlen_q as i64;
+    // i32: sequence lengths are below 2^31 (the host's limit), and the dQ writer that
+    // derives a turn per step runs on 24 registers.
+    let last_row = if (m + 1) * block_m < seqlen_q { (m + 1) * block_m } else { seqlen_q } as i32 - 1;
+    let last_key = last_row + (seqlen_k as i32 - seqlen_q as i32);
     if last_key < 0 {
         0
     } else {
@@ -292,11 +313,17 @@ pub struct BwdParams {
     /// [`padded_rows`] of this call.
     pub padded_rows: u32,
     pub hdim: u32,
-    /// `softmax_scale * log2(e)`.
+    /// `softmax_scale * log2(e)` (`c · log2 e` for the soft-capping kernels, as
+    /// `FwdParams::softcap_scale` explains).
     pub scale_log2: f32,
     pub softmax_scale: f32,
     /// Non-zero: causal (bottom-right).
     pub causal: u32,
+    /// Soft-capping kernels: `softmax_scale / c` (as `FwdParams::softcap_scale`; here
+    /// `softmax_scale` stays the call's scale, by which dQ and dK are multiplied), and
+    /// `1 / scale_log2`, which turns `log2 P + LSE₂` back into the tanh.
+    pub softcap_scale: f32,
+    pub softcap_inv_scale_log2: f32,
 }
 
 impl BwdParams {
@@ -353,28 +380,36 @@ impl BwdStage {
 macro_rules! bwd_kernel_table {
     ($callback:ident) => {
         $callback! {
-            bwd_preprocess_hdim64_f16 => F16, hdim 64, Preprocess;
-            bwd_preprocess_hdim128_f16 => F16, hdim 128, Preprocess;
-            bwd_preprocess_hdim64_bf16 => BF16, hdim 64, Preprocess;
-            bwd_preprocess_hdim128_bf16 => BF16, hdim 128, Preprocess;
-            bwd_hdim64_f16 => F16, hdim 64, Main;
-            bwd_hdim128_f16 => F16, hdim 128, Main;
-            bwd_hdim64_bf16 => BF16, hdim 64, Main;
-            bwd_hdim128_bf16 => BF16, hdim 128, Main;
-            bwd_hdim64_f16_deterministic => F16, hdim 64, MainDeterministic;
-            bwd_hdim128_f16_deterministic => F16, hdim 128, MainDeterministic;
-            bwd_hdim64_bf16_deterministic => BF16, hdim 64, MainDeterministic;
-            bwd_hdim128_bf16_deterministic => BF16, hdim 128, MainDeterministic;
-            bwd_postprocess_hdim64_f16 => F16, hdim 64, Postprocess;
-            bwd_postprocess_hdim128_f16 => F16, hdim 128, Postprocess;
-            bwd_postprocess_hdim64_bf16 => BF16, hdim 64, Postprocess;
-            bwd_postprocess_hdim128_bf16 => BF16, hdim 128, Postprocess;
+            bwd_preprocess_hdim64_f16 => F16, hdim 64, Preprocess, None;
+            bwd_preprocess_hdim128_f16 => F16, hdim 128, Preprocess, None;
+            bwd_preprocess_hdim64_bf16 => BF16, hdim 64, Preprocess, None;
+            bwd_preprocess_hdim128_bf16 => BF16, hdim 128, Preprocess, None;
+            bwd_hdim64_f16 => F16, hdim 64, Main, None;
+            bwd_hdim128_f16 => F16, hdim 128, Main, None;
+            bwd_hdim64_bf16 => BF16, hdim 64, Main, None;
+            bwd_hdim128_bf16 => BF16, hdim 128, Main, None;
+            bwd_hdim64_f16_deterministic => F16, hdim 64, MainDeterministic, None;
+            bwd_hdim128_f16_deterministic => F16, hdim 128, MainDeterministic, None;
+            bwd_hdim64_bf16_deterministic => BF16, hdim 64, MainDeterministic, None;
+            bwd_hdim128_bf16_deterministic => BF16, hdim 128, MainDeterministic, None;
+            bwd_postprocess_hdim64_f16 => F16, hdim 64, Postprocess, None;
+            bwd_postprocess_hdim128_f16 => F16, hdim 128, Postprocess, None;
+            bwd_postprocess_hdim64_bf16 => BF16, hdim 64, Postprocess, None;
+            bwd_postprocess_hdim128_bf16 => BF16, hdim 128, Postprocess, None;
+            bwd_hdim64_f16_softcap => F16, hdim 64, Main, Softcap;
+            bwd_hdim64_f16_deterministic_softcap => F16, hdim 64, MainDeterministic, Softcap;
+            bwd_hdim64_bf16_softcap => BF16, hdim 64, Main, Softcap;
+            bwd_hdim64_bf16_deterministic_softcap => BF16, hdim 64, MainDeterministic, Softcap;
+            bwd_hdim128_f16_softcap => F16, hdim 128, Main, Softcap;
+            bwd_hdim128_f16_deterministic_softcap => F16, hdim 128, MainDeterministic, Softcap;
+            bwd_hdim128_bf16_softcap => BF16, hdim 128, Main, Softcap;
+            bwd_hdim128_bf16_deterministic_softcap => BF16, hdim 128, MainDeterministic, Softcap;
         }
     };
 }
 
 macro_rules! bwd_entries {
-    ($($name:ident => $dtype:ident, hdim $hdim:literal, $stage:ident;)*) => {
+    ($($name:ident => $dtype:ident, hdim $hdim:literal, $stage:ident, $score_mod:ident;)*) => {
         &[$(KernelEntry {
             name: stringify!($name),
             algo: crate::Algo::Fa3(crate::fa3::Techniques::FULL),
@@ -386,6 +421,7 @@ macro_rules! bwd_entries {
             cluster: 1,
             consumer_wgs: if BwdStage::$stage.is_main() { MMA_WGS } else { 0 },
             block_n: if BwdStage::$stage.is_main() { BLOCK_N } else { 0 },
+            score_mod: crate::ScoreModKind::$score_mod,
         },)*]
     };
 }
@@ -393,9 +429,11 @@ macro_rules! bwd_entries {
 /// The backward kernels ([`bwd_kernel_table`]).
 pub const KERNELS: &[KernelEntry] = bwd_kernel_table!(bwd_entries);
 
-/// Looks up a backward kernel.
-pub fn find(stage: BwdStage, hdim: u32, dtype: DType) -> Option<&'static KernelEntry> {
-    KERNELS.iter().find(|k| k.kind == crate::KernelKind::Backward(stage) && k.hdim == hdim && k.dtype == dtype)
+/// Looks up a backward kernel (the preprocess and postprocess serve every score
+/// modification).
+pub fn find(stage: BwdStage, hdim: u32, dtype: DType, score_mod: crate::ScoreModKind) -> Option<&'static KernelEntry> {
+    let score_mod = if stage.is_main() { score_mod } else { crate::ScoreModKind::None };
+    KERNELS.iter().find(|k| k.kind == crate::KernelKind::Backward(stage) && k.hdim == hdim && k.dtype == dtype && k.score_mod == score_mod)
 }
 
 /// The dynamic shared memory of the main kernel, from its (1024 B aligned) base:
@@ -511,6 +549,28 @@ mod tests {
         }
     }
 
+    /// The consumers' one-cycle walk visits the same query blocks in the same order as
+    /// the producer's and the writer's per-head walk.
+    #[test]
+    fn query_block_cycle_matches_the_per_head_walk() {
+        for causal in [false, true] {
+            for (sq, sk, group) in [(1u32, 1u32, 1u32), (700, 1000, 3), (1000, 700, 2), (4096, 8192, 1), (8192, 1000, 4)] {
+                let (blocks, nb) = (sq.div_ceil(64), sk.div_ceil(BLOCK_N));
+                for deterministic in [false, true] {
+                    let order = DqOrder::choose(deterministic, causal, blocks, nb, 132);
+                    let p = BwdParams { seqlen_q: sq, seqlen_k: sk, kv_group: group, causal: causal as u32, dq_order: order as u32, ..Default::default() };
+                    for n in 0..nb {
+                        let steps = CtaSteps::new(&p, n, 64);
+                        let (mut a, mut b) = (std::vec::Vec::new(), std::vec::Vec::new());
+                        steps.for_each(|_, m| a.push(m));
+                        steps.for_each_query_block(|m| b.push(m));
+                        assert_eq!(a, b, "{order:?} sq {sq} sk {sk} group {group} n {n}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_backward_layout_fits_and_its_tiles_are_swizzle_aligned() {
         for &hdim in &HEAD_DIMS {
@@ -595,7 +655,7 @@ mod tests {
         for &hdim in &HEAD_DIMS {
             for dtype in DType::ALL {
                 for stage in [BwdStage::Preprocess, BwdStage::Main, BwdStage::MainDeterministic, BwdStage::Postprocess] {
-                    assert!(find(stage, hdim, dtype).is_some(), "{stage:?} hdim {hdim} {dtype:?}");
+                    assert!(find(stage, hdim, dtype, crate::ScoreModKind::None).is_some(), "{stage:?} hdim {hdim} {dtype:?}");
                 }
             }
         }

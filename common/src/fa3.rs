@@ -220,6 +220,16 @@ pub const fn consumer_wgs(hdim: u32) -> u32 {
     if hdim == 64 { 3 } else { 2 }
 }
 
+/// Consumer warpgroups of the kernel with score modification `score_mod`: the plain
+/// kernels' [`consumer_wgs`], except two at hdim 64 with soft-capping (at three, the
+/// tanh made the 160-register consumers spill).
+pub const fn consumer_wgs_of(hdim: u32, score_mod: crate::ScoreModKind) -> u32 {
+    match score_mod {
+        crate::ScoreModKind::Softcap if hdim == 64 => 2,
+        _ => consumer_wgs(hdim),
+    }
+}
+
 /// Query rows per CTA of the FA3 kernels at a head dim.
 pub const fn block_m(hdim: u32) -> u32 {
     64 * consumer_wgs(hdim)
@@ -390,26 +400,34 @@ pub const fn multicast_pays(hdim: u32, seqlen_q: u32, seqlen_k: u32) -> bool {
 macro_rules! fa3_kernel_table {
     ($callback:ident) => {
         $callback! {
-            fa3_fwd_hdim64_f16 => F16, hdim 64, wgs 3, keys 128, cluster 1, FULL;
-            fa3_fwd_hdim128_f16 => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL;
-            fa3_fwd_hdim256_f16 => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL;
-            fa3_fwd_hdim256_f16_n64 => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL;
-            fa3_fwd_hdim64_bf16 => BF16, hdim 64, wgs 3, keys 128, cluster 1, FULL;
-            fa3_fwd_hdim128_bf16 => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL;
-            fa3_fwd_hdim256_bf16 => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL;
-            fa3_fwd_hdim256_bf16_n64 => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL;
-            fa3_fwd_hdim128_f16_multicast => F16, hdim 128, wgs 2, keys 128, cluster 2, FULL;
-            fa3_fwd_hdim128_bf16_multicast => BF16, hdim 128, wgs 2, keys 128, cluster 2, FULL;
-            fa3_fwd_hdim128_f16_nopingpong => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG;
-            fa3_fwd_hdim128_bf16_nopingpong => BF16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG;
-            fa3_fwd_hdim128_f16_nooverlap => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_OVERLAP;
-            fa3_fwd_hdim128_f16_nows => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_WARP_SPECIALIZATION;
+            fa3_fwd_hdim64_f16 => F16, hdim 64, wgs 3, keys 128, cluster 1, FULL, None;
+            fa3_fwd_hdim128_f16 => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None;
+            fa3_fwd_hdim256_f16 => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, None;
+            fa3_fwd_hdim256_f16_n64 => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None;
+            fa3_fwd_hdim64_bf16 => BF16, hdim 64, wgs 3, keys 128, cluster 1, FULL, None;
+            fa3_fwd_hdim128_bf16 => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None;
+            fa3_fwd_hdim256_bf16 => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, None;
+            fa3_fwd_hdim256_bf16_n64 => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None;
+            fa3_fwd_hdim128_f16_multicast => F16, hdim 128, wgs 2, keys 128, cluster 2, FULL, None;
+            fa3_fwd_hdim128_bf16_multicast => BF16, hdim 128, wgs 2, keys 128, cluster 2, FULL, None;
+            fa3_fwd_hdim128_f16_nopingpong => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG, None;
+            fa3_fwd_hdim128_bf16_nopingpong => BF16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG, None;
+            fa3_fwd_hdim128_f16_nooverlap => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_OVERLAP, None;
+            fa3_fwd_hdim128_f16_nows => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_WARP_SPECIALIZATION, None;
+            fa3_fwd_hdim64_f16_softcap => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap;
+            fa3_fwd_hdim128_f16_softcap => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap;
+            fa3_fwd_hdim256_f16_softcap => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap;
+            fa3_fwd_hdim256_f16_n64_softcap => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap;
+            fa3_fwd_hdim64_bf16_softcap => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap;
+            fa3_fwd_hdim128_bf16_softcap => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap;
+            fa3_fwd_hdim256_bf16_softcap => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap;
+            fa3_fwd_hdim256_bf16_n64_softcap => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap;
         }
     };
 }
 
 macro_rules! fa3_entries {
-    ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident;)*) => {
+    ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident;)*) => {
         &[$({
             let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech };
             KernelEntry {
@@ -423,6 +441,7 @@ macro_rules! fa3_entries {
                 cluster: $cluster,
                 consumer_wgs: $wgs,
                 block_n: $keys,
+                score_mod: crate::ScoreModKind::$score_mod,
             }
         },)*]
     };
@@ -604,11 +623,16 @@ mod tests {
     fn the_table_has_the_planned_kernel_of_every_head_dim_and_key_count() {
         for hdim in crate::HEAD_DIMS {
             for seqlen_k in [1, 64, 4096, 4097, 16384] {
-                let (wgs, keys) = (consumer_wgs(hdim), key_block(hdim, seqlen_k));
-                assert!(
-                    KERNELS.iter().any(|k| k.hdim == hdim && k.consumer_wgs == wgs && k.block_n == keys && k.cluster == 1),
-                    "hdim {hdim} seqlen_k {seqlen_k}"
-                );
+                for score_mod in [crate::ScoreModKind::None, crate::ScoreModKind::Softcap] {
+                    let (wgs, keys) = (consumer_wgs_of(hdim, score_mod), key_block(hdim, seqlen_k));
+                    for dtype in [crate::DType::F16, crate::DType::BF16] {
+                        assert!(
+                            crate::find_kernel(Algo::Fa3(Techniques::FULL), hdim, dtype, 1, seqlen_k, score_mod)
+                                .is_some_and(|k| k.consumer_wgs == wgs && k.block_n == keys),
+                            "hdim {hdim} seqlen_k {seqlen_k} {score_mod:?} {dtype:?}"
+                        );
+                    }
+                }
             }
         }
         let mut names: std::vec::Vec<&str> = KERNELS.iter().map(|k| k.name).collect();

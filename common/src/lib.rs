@@ -48,6 +48,20 @@ pub enum KernelKind {
     Backward(bwd::BwdStage),
 }
 
+/// What a kernel applies to the scores before the softmax (the variants that change the
+/// logits; masks are the other hook). Each kind is a type plugged into the kernel's
+/// score-modification hook; the plain kernels carry [`ScoreModKind::None`] and compile
+/// it to nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ScoreModKind {
+    /// Logits `scale · S`.
+    #[default]
+    None,
+    /// Logits `c · tanh(scale · S / c)` (Gemma 2's soft-capping, FlashAttention's
+    /// `softcap`): the kernel reads `c` and `scale / c` from the parameters.
+    Softcap,
+}
+
 /// A compiled kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelEntry {
@@ -70,6 +84,8 @@ pub struct KernelEntry {
     pub consumer_wgs: u32,
     /// FA3: keys per K/V block; 0 for FA2.
     pub block_n: u32,
+    /// The score modification compiled in.
+    pub score_mod: ScoreModKind,
 }
 
 /// The FA2 kernel table, written once (as [`fa3_kernel_table`]): it expands to
@@ -101,6 +117,7 @@ macro_rules! fa2_entries {
             cluster: 1,
             consumer_wgs: 0,
             block_n: 0,
+            score_mod: ScoreModKind::None,
         },)*]
     };
 }
@@ -138,14 +155,20 @@ impl KernelEntry {
 
 /// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none) over
 /// `seqlen_k` keys (FA3 picks its key block by it, [`fa3::key_block`]).
-pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: u32) -> Option<&'static KernelEntry> {
+pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: u32, score_mod: ScoreModKind) -> Option<&'static KernelEntry> {
     let (wgs, block_n) = match algo {
         Algo::Fa2 => (0, 0),
-        Algo::Fa3(_) => (fa3::consumer_wgs(hdim), fa3::key_block(hdim, seqlen_k)),
+        Algo::Fa3(_) => (fa3::consumer_wgs_of(hdim, score_mod), fa3::key_block(hdim, seqlen_k)),
     };
     KERNELS.iter().find(|k| {
         k.kind == KernelKind::Forward
-            && k.algo == algo && k.hdim == hdim && k.dtype == dtype && k.cluster == cluster && k.consumer_wgs == wgs && k.block_n == block_n
+            && k.algo == algo
+            && k.hdim == hdim
+            && k.dtype == dtype
+            && k.cluster == cluster
+            && k.consumer_wgs == wgs
+            && k.block_n == block_n
+            && k.score_mod == score_mod
     })
 }
 
@@ -195,6 +218,10 @@ pub struct FwdParams {
     pub softmax_scale: f32,
     /// Non-zero: causal, aligned to the bottom-right corner of the score matrix.
     pub causal: u32,
+    /// Soft-capping kernels ([`ScoreModKind::Softcap`]): `scale / c`. Their logits are
+    /// `c · tanh(S · scale / c)`: the kernel takes `tanh(S · softcap_scale)` as the score
+    /// and the host sets `scale_log2 = c · log2 e` and `softmax_scale = c`.
+    pub softcap_scale: f32,
     /// FA3: device address of a u32 from which CTAs claim tiles in order (a dynamic
     /// persistent schedule); 0: each CTA takes every grid-th tile.
     pub tile_counter: u64,

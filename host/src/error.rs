@@ -163,6 +163,8 @@ pub enum AttnError {
     },
     /// `softmax_scale` is NaN, infinite or negative.
     InvalidScale(f32),
+    /// `softcap` is NaN, infinite, zero or negative.
+    InvalidSoftcap(f32),
     /// The options ask for something the chosen kernel cannot do.
     Unsupported(String),
     /// Host data does not match a declared shape.
@@ -218,6 +220,7 @@ impl fmt::Display for AttnError {
                 write!(f, "no {algo:?} kernel for head dim {hdim} and {}", dtype.name())
             }
             InvalidScale(s) => write!(f, "softmax_scale must be finite and non-negative, got {s}"),
+            InvalidSoftcap(c) => write!(f, "softcap must be finite and positive, got {c}"),
             Unsupported(m) => write!(f, "unsupported option: {m}"),
             HostData(m) => write!(f, "host data: {m}"),
         }

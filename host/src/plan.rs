@@ -5,7 +5,7 @@ use crate::tensor::Layout;
 use crate::tma::TensorMapSpec;
 use common::fa3::{self, Techniques};
 use common::bwd;
-use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, KernelKind, Strides, fa2};
+use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, KernelKind, ScoreModKind, Strides, fa2};
 
 /// Options of an attention call, as in `flash_attn_func`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -26,6 +26,10 @@ pub struct AttnOptions {
     /// turn); otherwise dQ's partial sums land in whatever order the CTAs finish. Costs
     /// 10-12% of the speed at hdim 128 and a third at hdim 64 (8k tokens, H100).
     pub deterministic: bool,
+    /// Soft-capping (Gemma 2, FlashAttention's `softcap`): the logits are
+    /// `c · tanh(scale · QKᵀ / c)` instead of `scale · QKᵀ`, in the forward and the
+    /// backward (whose gradients include `tanh`'s derivative). `None`: plain logits.
+    pub softcap: Option<f32>,
 }
 
 /// Grid of the FA3 kernels.
@@ -78,6 +82,23 @@ impl AttnOptions {
         self.schedule = schedule;
         self
     }
+    /// Soft-caps the logits at `cap` (see
+    /// [`AttnOptions::softcap`](struct.AttnOptions.html#structfield.softcap)); it must be
+    /// finite and positive, or the call fails with [`AttnError::InvalidSoftcap`].
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    /// The score modification these options compile in, after checking its values.
+    pub(crate) fn score_mod(&self) -> Result<ScoreModKind> {
+        match self.softcap {
+            None => Ok(ScoreModKind::None),
+            Some(c) if c.is_finite() && c > 0.0 => Ok(ScoreModKind::Softcap),
+            Some(c) => Err(AttnError::InvalidSoftcap(c)),
+        }
+    }
+
     /// Backward: makes dQ, dK and dV bit-identical across runs (see
     /// [`AttnOptions::deterministic`](struct.AttnOptions.html#structfield.deterministic)).
     pub fn deterministic(mut self, deterministic: bool) -> Self {
@@ -286,6 +307,10 @@ pub fn plan_forward(
     // The schedule depends only on whether the kernel is warp-specialized and has every
     // technique (multicast), which every default is (whatever the cluster).
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
+    let score_mod = opts.score_mod()?;
+    if score_mod != ScoreModKind::None && algo != Algo::Fa3(Techniques::FULL) {
+        return Err(AttnError::Unsupported(format!("{score_mod:?} has kernels only for FlashAttention-3 with every technique (not {algo:?})")));
+    }
     let tile_rows = fa3::block_m(hdim as u32) as usize;
     let schedule = match (opts.schedule, algo) {
         // Without a mask every tile costs the same unless the last query block is short;
@@ -295,7 +320,10 @@ pub fn plan_forward(
         // Long hdim 128 calls without a mask: pairs of CTAs share each K/V tile over a
         // cluster, half the L2 reads.
         (Schedule::Auto, Algo::Fa3(t))
-            if !opts.causal && t == Techniques::FULL && fa3::multicast_pays(hdim as u32, seqlen_q as u32, seqlen_k as u32) =>
+            if !opts.causal
+                && t == Techniques::FULL
+                && score_mod == ScoreModKind::None
+                && fa3::multicast_pays(hdim as u32, seqlen_q as u32, seqlen_k as u32) =>
         {
             Schedule::PersistentMulticast
         }
@@ -307,6 +335,9 @@ pub fn plan_forward(
                 "the dynamic persistent schedule needs a warp-specialized kernel (a producer claims the tiles)".into(),
             ));
         }
+        (Schedule::PersistentMulticast, _) if score_mod != ScoreModKind::None => {
+            return Err(AttnError::Unsupported(format!("multicast clusters have no {score_mod:?} kernel")));
+        }
         (Schedule::PersistentMulticast, _) if opts.causal => {
             return Err(AttnError::Unsupported(
                 "multicast clusters need every query block to visit the same key blocks (no causal mask)".into(),
@@ -315,7 +346,7 @@ pub fn plan_forward(
         (s, _) => s,
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
-    let kernel = common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32)
+    let kernel = common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32, score_mod)
         .ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let mut params = FwdParams {
         q: q.addr,
@@ -336,10 +367,17 @@ pub fn plan_forward(
         scale_log2: scale * std::f32::consts::LOG2_E,
         softmax_scale: scale,
         causal: opts.causal as u32,
+        softcap_scale: 0.0,
         tile_counter: 0,
         section_log2: 0,
         tile_counter_base: 0,
     };
+    if let (ScoreModKind::Softcap, Some(cap)) = (score_mod, opts.softcap) {
+        // The kernel's score is tanh(S · scale / c); c joins the softmax's scale.
+        params.softcap_scale = scale / cap;
+        params.scale_log2 = cap * std::f32::consts::LOG2_E;
+        params.softmax_scale = cap;
+    }
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), None),
         Algo::Fa3(_) => {

@@ -4,7 +4,7 @@ use crate::error::{Arg, AttnError, Result};
 use crate::plan::{AttnOptions, TensorDesc, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
-use common::KernelEntry;
+use common::{KernelEntry, ScoreModKind};
 
 /// Alignment of each region of the workspace.
 const REGION_ALIGN: usize = 256;
@@ -160,7 +160,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     // Outputs must not overlap anything else the call reads or writes: the kernels would
     // read what they are overwriting.
     check_disjoint(&all)?;
-    let find = |stage| bwd::find(stage, hdim as u32, dtype).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
+    let score_mod = opts.score_mod()?;
+    let find = |stage| bwd::find(stage, hdim as u32, dtype, score_mod).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
     let main_stage = if opts.deterministic { BwdStage::MainDeterministic } else { BwdStage::Main };
     let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);
     let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32);
@@ -205,7 +206,17 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         scale_log2: scale * std::f32::consts::LOG2_E,
         softmax_scale: scale,
         causal: opts.causal as u32,
+        softcap_scale: 0.0,
+        softcap_inv_scale_log2: 0.0,
     };
+    let mut params = params;
+    if let (ScoreModKind::Softcap, Some(cap)) = (score_mod, opts.softcap) {
+        // As the forward: the score is tanh(S · scale / c), c joins exp2's scale;
+        // dQ and dK keep the call's scale (the logits' derivative is scale · (1 − tanh²)).
+        params.softcap_scale = scale / cap;
+        params.scale_log2 = cap * std::f32::consts::LOG2_E;
+        params.softcap_inv_scale_log2 = 1.0 / params.scale_log2;
+    }
     let (b, hq, hk) = (batch as u32, heads_q as u32, heads_k as u32);
     let aux = |kernel, rows: u32| Launch { kernel, grid: (rows.div_ceil(bwd::PREPROCESS_ROWS), hq, b), block: bwd::AUX_THREADS, smem_bytes: 0 };
     let launches = [

@@ -68,6 +68,8 @@ pub struct Problem<'a> {
     pub causal: bool,
     /// Softmax scale of `QK^T`.
     pub scale: f32,
+    /// Soft-capping: logits `c · tanh(scale · QKᵀ / c)` instead of `scale · QKᵀ`.
+    pub softcap: Option<f32>,
 }
 
 impl Problem<'_> {
@@ -77,6 +79,17 @@ impl Problem<'_> {
         assert_eq!(self.k.shape, self.v.shape);
         assert!(hq % hk == 0 && self.k.shape[0] == b && self.k.shape[3] == d);
         (b, sq, sk, hq, hk, d)
+    }
+
+    /// The logit of a scaled score `x = scale · q·k`: `x`, or `c · tanh(x / c)` with
+    /// soft-capping (in f64, for the exact reference).
+    pub fn logit_f64(&self, x: f64) -> f64 {
+        self.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())
+    }
+
+    /// [`Problem::logit_f64`] in f32.
+    pub fn logit_f32(&self, x: f32) -> f32 {
+        self.softcap.map_or(x, |c| c * (x / c).tanh())
     }
 
     /// Number of keys query row `i` sees.
@@ -161,7 +174,7 @@ pub fn attention_f64(p: &Problem<'_>) -> AttnResult<f64> {
         }
         let q = p.q.row(b, i, h);
         let s: Vec<f64> = (0..n)
-            .map(|j| q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale)
+            .map(|j| p.logit_f64(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale))
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
@@ -189,7 +202,7 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
         }
         let q = p.q.row(b, i, h);
         let s: Vec<f32> = (0..n)
-            .map(|j| q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale)
+            .map(|j| p.logit_f32(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale))
             .collect();
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
@@ -228,7 +241,9 @@ pub struct Tiling {
 /// `p_dtype`: round P to this type before PV, as the tensor cores' operand is.
 pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) -> AttnResult<f32> {
     let (_, sq, sk, hq, hk, d) = p.dims();
-    let scale_log2 = p.scale * std::f32::consts::LOG2_E;
+    // With soft-capping the scores are the logits already (scaled), as in the kernel.
+    let score_scale = if p.softcap.is_some() { 1.0 } else { p.scale };
+    let scale_log2 = score_scale * std::f32::consts::LOG2_E;
     let off = sk as i64 - sq as i64;
     let Tiling { block_m, block_n, lazy_rescale } = tiling;
     let round = |x: f32| p_dtype.map_or(x, |t| round_to(t, x));
@@ -253,7 +268,8 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
                 .map(|j| {
                     let visible = !p.causal || (j as i64) <= i as i64 + off;
                     if visible {
-                        q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum()
+                        let dot: f32 = q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum();
+                        if p.softcap.is_some() { p.logit_f32(dot * p.scale) } else { dot }
                     } else {
                         f32::NEG_INFINITY
                     }
@@ -284,7 +300,7 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
         for (oc, a) in o.iter_mut().zip(&acc) {
             *oc = round(a / l);
         }
-        m * p.scale + l.ln()
+        m * score_scale + l.ln()
     })
 }
 

@@ -43,9 +43,19 @@ macro_rules! fa2_entries {
 
 common::fa2_kernel_table!(fa2_entries);
 
+/// The score-modification type of a kernel table's `ScoreModKind` name.
+macro_rules! score_mod_type {
+    (None) => {
+        fa3::mask::NoScoreMod
+    };
+    (Softcap) => {
+        fa3::mask::Softcap
+    };
+}
+
 /// The FA3 entry points, from `common::fa3_kernel_table`: each gets its traits type.
 macro_rules! fa3_entries {
-    ($($name:ident => $dtype:ident, hdim $d:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident;)*) => {$(
+    ($($name:ident => $dtype:ident, hdim $d:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident;)*) => {$(
         /// FlashAttention-3 forward; grid: one CTA per tile or per SM (see the host's
         /// `Schedule`), `128 * (consumer warpgroups + 1)` threads (without warp
         /// specialization, no producer warpgroup). The TMA descriptors are read through the
@@ -59,7 +69,7 @@ macro_rules! fa3_entries {
                 type Scores = [softmax::Frag; $keys / 8];
                 type Out = [softmax::Frag; $d / 8];
                 type Mask = fa3::mask::CausalMask;
-                type ScoreMod = fa3::mask::NoScoreMod;
+                type ScoreMod = score_mod_type!($score_mod);
                 const CONFIG: common::fa3::KernelConfig = common::fa3::KernelConfig {
                     hdim: $d,
                     consumer_wgs: $wgs,
@@ -78,30 +88,30 @@ common::fa3_kernel_table!(fa3_entries);
 
 /// The backward entry points, from `common::bwd_kernel_table`.
 macro_rules! bwd_entries {
-    ($($name:ident => $dtype:ident, hdim $d:literal, $stage:ident;)*) => {$(
-        bwd_entries!(@ $stage $name, $dtype, $d);
+    ($($name:ident => $dtype:ident, hdim $d:literal, $stage:ident, $score_mod:ident;)*) => {$(
+        bwd_entries!(@ $stage $name, $dtype, $d, $score_mod);
     )*};
-    (@ Preprocess $name:ident, $dtype:ident, $d:literal) => {
+    (@ Preprocess $name:ident, $dtype:ident, $d:literal, $score_mod:ident) => {
         /// Backward preprocess; grid `(padded rows / 64, heads_q, batch)`, 256 threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             unsafe { bwd::preprocess::preprocess::<element::$dtype, $d>(p) }
         }
     };
-    (@ Postprocess $name:ident, $dtype:ident, $d:literal) => {
+    (@ Postprocess $name:ident, $dtype:ident, $d:literal, $score_mod:ident) => {
         /// Backward postprocess; grid `(ceil(seqlen_q / 64), heads_q, batch)`, 256 threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             unsafe { bwd::postprocess::postprocess::<element::$dtype, $d>(p) }
         }
     };
-    (@ Main $name:ident, $dtype:ident, $d:literal) => {
-        bwd_entries!(@ main $name, $dtype, $d, false);
+    (@ Main $name:ident, $dtype:ident, $d:literal, $score_mod:ident) => {
+        bwd_entries!(@ main $name, $dtype, $d, false, $score_mod);
     };
-    (@ MainDeterministic $name:ident, $dtype:ident, $d:literal) => {
-        bwd_entries!(@ main $name, $dtype, $d, true);
+    (@ MainDeterministic $name:ident, $dtype:ident, $d:literal, $score_mod:ident) => {
+        bwd_entries!(@ main $name, $dtype, $d, true, $score_mod);
     };
-    (@ main $name:ident, $dtype:ident, $d:literal, $deterministic:literal) => {
+    (@ main $name:ident, $dtype:ident, $d:literal, $deterministic:literal, $score_mod:ident) => {
         /// Backward main kernel; grid `(key blocks, heads_k, batch)`, 384 threads. The TMA
         /// descriptors (q, k, v, dO) are read through the parameter's address.
         #[unsafe(no_mangle)]
@@ -114,6 +124,7 @@ macro_rules! bwd_entries {
                 type KeyGrads = [softmax::Frag; $d / 8];
                 const HDIM: u32 = $d;
                 const DETERMINISTIC: bool = $deterministic;
+                const SOFTCAP: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Softcap);
             }
             let tma = kernel_param0_address!($name);
             unsafe { bwd::bwd::<Traits>(tma, p) }

@@ -81,11 +81,12 @@ proptest! {
     /// 1000 cases the worst difference was 3.7e-9 · max(1, |g|), so 1e-7 · max(1, |g|)
     /// leaves a margin of ~25x, while a wrong term (a missing scale, a dropped GQA head, a
     /// mask off by one) is off by O(|g|).
+    /// With soft-capping (half the cases), the gradients include tanh's derivative.
     #[test]
-    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes()) {
+    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), softcap in proptest::option::of(1.0f32..8.0)) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
-        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale }, &dout);
+        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap }, &dout);
         const H: f32 = 1.0 / 65536.0;
         for (name, which, g) in [("dQ", 0, &grads.dq), ("dK", 1, &grads.dk), ("dV", 2, &grads.dv)] {
             let x = [&q, &k, &v][which];
@@ -95,7 +96,7 @@ proptest! {
                     t.data[idx] += delta;
                     let mut qkv = [&q, &k, &v];
                     qkv[which] = &t;
-                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale };
+                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap };
                     (loss(&p, &dout), t.data[idx] as f64)
                 };
                 let ((l_plus, x_plus), (l_minus, x_minus)) = (at(H), at(-H));
@@ -112,12 +113,12 @@ proptest! {
 
     /// The tiled recompute backward in f32 (operands not rounded) computes the exact
     /// gradients, for any tile shape, with seqlen_q != seqlen_k, GQA, causal masks and
-    /// rows that see no key, from the tiled forward's O and LSE.
+    /// rows that see no key, from the tiled forward's O and LSE; with soft-capping too.
     #[test]
-    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases()) {
+    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), softcap in proptest::option::of(0.5f32..20.0)) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
-        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale };
+        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap };
         let exact = attention_backward_f64(&p, &dout);
         let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
         let tiled = attention_backward_tiled(&p, &dout, &fwd.o, &fwd.lse, tiling, None);
@@ -211,7 +212,7 @@ fn lowp_backward_error_is_small_but_nonzero() {
         for dtype in DType::ALL {
             let (sq, sk, causal) = [(48, 48, false), (48, 48, true), (33, 70, true), (70, 33, false)][seed as usize];
             let [q, k, v, dout] = inputs(1, sq, sk, 4, 2, 32, dtype, seed);
-            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip() };
+            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None };
             let exact = attention_backward_f64(&p, &dout);
             let errs = rel_errs(&attention_backward_lowp(&p, &dout, dtype), &exact);
             let [eq, ek, ev] = errs;
@@ -239,7 +240,7 @@ fn tiled_lowp_backward_is_within_twice_the_naive_error() {
         for (case, &(sq, sk, causal)) in shapes.iter().enumerate() {
             for seed in 0..3u64 {
                 let [q, k, v, dout] = inputs(1, sq, sk, 2, 1, 64, dtype, seed * 16 + case as u64);
-                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125 };
+                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None };
                 let exact = attention_backward_f64(&p, &dout);
                 let naive = attention_backward_lowp(&p, &dout, dtype).max_abs_err(&exact);
                 for tiling in tilings {
@@ -290,7 +291,7 @@ fn rows_without_keys_give_zero_dq_and_add_nothing_to_dk_dv() {
     let (q2, dout2) = (garble(&q, 77), garble(&dout, 78));
     let odd_tiles = BwdTiling { block_m: 3, block_n: 16 };
     let run = |q: &HostTensor, dout: &HostTensor| -> Vec<Grads<f64>> {
-        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3 };
+        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None };
         let fwd = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
         assert!(fwd.lse.iter().enumerate().all(|(r, &l)| (r % sq < empty_rows) == (l == f32::INFINITY)));
         let widen = |g: Grads<f32>| Grads {

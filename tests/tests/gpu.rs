@@ -47,6 +47,8 @@ struct Case {
     /// FA3 kernels' order (last key block first) every row's max climbs past the lazy
     /// rescaling threshold several times, so the accumulator must be rescaled mid-row.
     climbing: bool,
+    /// Soft-capping at this cap (the soft-capping kernels).
+    softcap: Option<f32>,
 }
 
 impl Case {
@@ -66,6 +68,7 @@ impl Case {
             storage: Storage::Packed,
             schedule: Schedule::Auto,
             climbing: false,
+            softcap: None,
         }
     }
 
@@ -79,7 +82,7 @@ impl Case {
             Some(Algo::Fa3(_)) => "fa3nows",
         };
         format!(
-            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}",
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}",
             algo,
             self.dtype.name(),
             self.d,
@@ -91,6 +94,7 @@ impl Case {
             if self.causal { "causal" } else { "full" },
             if self.storage == Storage::Strided { "_strided" } else { "" },
             if self.climbing { "_climbing" } else { "" },
+            if self.softcap.is_some() { "_softcap" } else { "" },
             match self.schedule {
                 Schedule::Auto => "",
                 Schedule::Persistent => "_persistent",
@@ -177,6 +181,24 @@ fn cases() -> Vec<Case> {
     }
     let base = Case::base(None, DType::F16, 256, true);
     v.push(Case { b: 1, sq: 1100, sk: 4200, hq: 16, hk: 2, ..base });
+    // Soft-capping at 1.5 (the logits, ~N(0, 1) here, saturate): every head dim (hdim 256
+    // both key blocks), both dtypes and masks, GQA, rows without keys, strided, climbing
+    // maxima, more tiles than SMs.
+    for dtype in DType::ALL {
+        for d in [64, 128, 256] {
+            for causal in [false, true] {
+                let base = Case { softcap: Some(1.5), ..Case::base(None, dtype, d, causal) };
+                v.push(Case { sq: 17, sk: 17, ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, storage: Storage::Strided, ..base.clone() });
+                v.push(Case { sq: 700, sk: 1000, hq: 2, hk: 1, climbing: true, ..base.clone() });
+                v.push(Case { b: 3, sq: 1500, sk: 1300, hq: 8, hk: 4, ..base.clone() });
+                if d == 256 {
+                    v.push(Case { b: 1, sq: 300, sk: 4500, hq: 4, hk: 2, ..base.clone() });
+                }
+            }
+        }
+    }
     // The hdim 128 variants compute the same function as its default (every technique):
     // every technique named explicitly and no pingpong
     // (both dtypes, both masks), and the fp16 ablation kernels.
@@ -230,7 +252,7 @@ fn run_once(
     let mut o = DeviceTensor::from_f32_strided(stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
     let lse_len = c.b * c.hq * c.sq;
     let mut lse = stream.clone_htod(&vec![f32::NAN; lse_len + 7])?;
-    let opts = AttnOptions { algo: c.algo, ..AttnOptions::default().causal(c.causal).schedule(schedule) };
+    let opts = AttnOptions { algo: c.algo, softcap: c.softcap, ..AttnOptions::default().causal(c.causal).schedule(schedule) };
     let [q, k, v] = inputs;
     flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
     stream.synchronize()?;
@@ -250,7 +272,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         }
     }
     let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt() };
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap };
 
     let stream = gpu.new_stream()?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| {

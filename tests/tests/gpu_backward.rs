@@ -34,16 +34,18 @@ struct Case {
     /// (NaN in every gap).
     strided: bool,
     deterministic: bool,
+    /// Soft-capping at this cap (the soft-capping kernels, forward and backward).
+    softcap: Option<f32>,
 }
 
 impl Case {
     fn base(dtype: DType, d: usize, causal: bool) -> Self {
-        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false }
+        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None }
     }
 
     fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}",
+            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}",
             self.dtype.name(),
             self.d,
             self.b,
@@ -54,6 +56,7 @@ impl Case {
             if self.causal { "causal" } else { "full" },
             if self.strided { "_strided" } else { "" },
             if self.deterministic { "_deterministic" } else { "" },
+            if self.softcap.is_some() { "_softcap" } else { "" },
         )
     }
 }
@@ -83,6 +86,21 @@ fn cases() -> Vec<Case> {
     }
     let base = Case::base(DType::F16, 128, true);
     v.push(Case { b: 1, sq: 4097, sk: 4097, hq: 2, hk: 2, ..base });
+    // Soft-capping at 1.5 (the logits saturate): both dtypes, head dims and masks, GQA
+    // and rows without keys, strided, and the deterministic kernels.
+    for dtype in DType::ALL {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let base = Case { softcap: Some(1.5), ..Case::base(dtype, d, causal) };
+                v.push(Case { sq: 17, sk: 17, ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, strided: true, ..base.clone() });
+                if dtype == DType::F16 {
+                    v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base });
+                }
+            }
+        }
+    }
     v
 }
 
@@ -109,7 +127,7 @@ fn launch(
     let (qs, ks) = ([c.b, c.sq, c.hq, c.d], [c.b, c.sk, c.hk, c.d]);
     let mut grads = [poisoned(qs)?, poisoned(ks)?, poisoned(ks)?];
     let [q, k, v, dout] = inputs;
-    let opts = AttnOptions::default().causal(c.causal).deterministic(c.deterministic);
+    let opts = AttnOptions { softcap: c.softcap, ..AttnOptions::default().causal(c.causal).deterministic(c.deterministic) };
     let [dq, dk, dv] = &mut grads;
     flash_attn_backward_into(
         gpu,
@@ -137,7 +155,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let k = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
     let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
     let dout = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt() };
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap };
 
     let stream = gpu.new_stream()?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| DeviceTensor::from_f32_strided(&stream, c.dtype, layout, len, &t.data, f32::NAN);
@@ -147,7 +165,8 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     } else {
         [upload(&q, packed(&q))?, upload(&k, packed(&k))?, upload(&v, packed(&v))?, upload(&dout, packed(&dout))?]
     };
-    let fwd = flash_attn_func(gpu, &stream, &inputs[0].as_ref(), &inputs[1].as_ref(), &inputs[2].as_ref(), &AttnOptions::default().causal(c.causal))?;
+    let fwd_opts = AttnOptions { softcap: c.softcap, ..AttnOptions::default().causal(c.causal) };
+    let fwd = flash_attn_func(gpu, &stream, &inputs[0].as_ref(), &inputs[1].as_ref(), &inputs[2].as_ref(), &fwd_opts)?;
     let before = support::snapshot(&inputs, &stream)?;
 
     let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, None)?;

@@ -508,3 +508,53 @@ fn dynamic_schedule_moves_the_counter_by_its_claims_and_covers_every_tile_once()
         }
     }
 }
+
+#[test]
+fn softcap_must_be_finite_and_positive() {
+    for c in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, -30.0] {
+        let mut call = Call::good();
+        call.opts = call.opts.softcap(c);
+        assert!(matches!(call.err(), AttnError::InvalidSoftcap(_)), "softcap {c}");
+    }
+}
+
+#[test]
+fn softcap_picks_the_soft_capping_kernel_and_folds_the_cap_into_the_softmax_scale() {
+    for (hdim, seqlen_k, name, wgs) in [
+        (64, 500, "fa3_fwd_hdim64_bf16_softcap", 2),
+        (128, 500, "fa3_fwd_hdim128_bf16_softcap", 2),
+        (256, 500, "fa3_fwd_hdim256_bf16_n64_softcap", 2),
+        (256, 8192, "fa3_fwd_hdim256_bf16_softcap", 2),
+    ] {
+        let mut call = Call::shaped([2, 300, 8, hdim], [2, seqlen_k, 2, hdim], DType::BF16);
+        call.opts = call.opts.softcap(30.0).causal(true);
+        let plan = call.plan().unwrap();
+        assert_eq!((plan.kernel.name, plan.kernel.consumer_wgs), (name, wgs));
+        assert_eq!(plan.kernel.score_mod, common::ScoreModKind::Softcap);
+        let scale = 1.0 / (hdim as f32).sqrt();
+        assert!((plan.params.softcap_scale - scale / 30.0).abs() < 1e-9);
+        assert!((plan.params.scale_log2 - 30.0 * std::f32::consts::LOG2_E).abs() < 1e-5);
+        assert_eq!(plan.params.softmax_scale, 30.0, "the LSE is c times the tanh's max plus the log-sum");
+        // 128 query rows per tile at hdim 64 (two consumer warpgroups).
+        assert_eq!(call.plan().unwrap().tma.unwrap()[0].box_dims[1], 64 * wgs);
+    }
+    // The plain kernel stays without it.
+    assert_eq!(Call::good().plan().unwrap().kernel.score_mod, common::ScoreModKind::None);
+}
+
+#[test]
+fn softcap_has_no_fa2_ablation_or_multicast_kernel() {
+    let long = [1, 4096, 16, 128];
+    let mut c = Call::shaped(long, long, DType::F16);
+    c.opts = c.opts.softcap(50.0);
+    assert_eq!(c.plan().unwrap().kernel.cluster, 1, "no multicast by default with soft-capping");
+    for opts in [
+        AttnOptions::default().softcap(50.0).algo(Algo::Fa2),
+        AttnOptions::default().softcap(50.0).algo(Algo::Fa3(Techniques::NO_PINGPONG)),
+        AttnOptions::default().softcap(50.0).schedule(Schedule::PersistentMulticast),
+    ] {
+        let mut c = Call::shaped(long, long, DType::F16);
+        c.opts = opts;
+        assert!(matches!(c.err(), AttnError::Unsupported(_)), "{opts:?}");
+    }
+}

@@ -165,3 +165,26 @@ fn strided_gradients_with_a_non_contiguous_head_dim_are_refused() {
     t.dk.buffer_len *= 2;
     assert!(matches!(err(&t, &AttnOptions::default()), AttnError::NonContiguousLastDim { arg: Arg::Dk, stride: 2 }));
 }
+
+#[test]
+fn softcap_backward_uses_the_soft_capping_main_kernel_and_keeps_the_gradient_scale() {
+    for d in [64, 128] {
+        let t = good(d);
+        for det in [false, true] {
+            let plan = plan_backward(&t, &AttnOptions::default().softcap(20.0).deterministic(det), 132).unwrap();
+            let main = plan.launches[1].kernel;
+            assert_eq!(main.score_mod, common::ScoreModKind::Softcap);
+            assert!(main.name.ends_with("_softcap"), "{}", main.name);
+            // Pre- and postprocess serve every variant.
+            assert_eq!(plan.launches[0].kernel.score_mod, common::ScoreModKind::None);
+            let p = plan.params;
+            let scale = 1.0 / (d as f32).sqrt();
+            assert_eq!(p.softmax_scale, scale, "dQ and dK keep the call's scale");
+            assert!((p.scale_log2 - 20.0 * std::f32::consts::LOG2_E).abs() < 1e-5);
+            assert!((p.softcap_scale - scale / 20.0).abs() < 1e-9);
+            assert!((p.softcap_inv_scale_log2 * p.scale_log2 - 1.0).abs() < 1e-6);
+        }
+        assert!(matches!(err(&t, &AttnOptions::default().softcap(-1.0)), AttnError::InvalidSoftcap(_)));
+        assert!(matches!(err(&t, &AttnOptions::default().softcap(f32::NAN)), AttnError::InvalidSoftcap(_)));
+    }
+}

@@ -160,6 +160,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         dtype,
         causal,
         scale,
+        softcap,
         output,
         check: do_check,
         backward,
@@ -209,6 +210,9 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
     }
+    if let Some(c) = softcap {
+        opts = opts.softcap(c);
+    }
     let t0 = Instant::now();
     let res = flash_attn_func(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &opts)?;
     stream.synchronize().map_err(AttnError::from)?;
@@ -252,6 +256,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             v: &inputs.v,
             causal,
             scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
+            softcap,
         };
         let report = check(&p, inputs.dtype, &AttnResult { o, lse });
         println!("check: {report}");
@@ -276,7 +281,7 @@ fn cpu_demo(causal: bool, seed: u64, backward: bool) -> CliResult<()> {
     let q = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let k = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let v = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
-    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt() };
+    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap: None };
     let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
     let err = max_abs_err(&tiled.o, &exact.o);
@@ -388,6 +393,8 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
         workspace = Some(unsafe { stream.alloc::<u8>(bytes.max(1)) }.map_err(AttnError::from)?);
     }
     let (suffix, flops_factor) = a.pass.series_suffix_and_flops();
+    // Variants are series of their own: "rust-fa3-softcap-bwd".
+    let suffix = if a.softcap.is_some() { format!("-softcap{suffix}") } else { suffix.to_string() };
     // On stderr, and only where it is a terminal: logs and stdout stay clean.
     let total = hdims.len() * seqlens.len() * causal_modes.len();
     let progress = ProgressBar::new(total as u64).with_style(progress_style());
@@ -405,7 +412,11 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     if causal { "causal" } else { "non-causal" }
                 ));
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
-                let opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic) };
+                let opts = AttnOptions {
+                    algo,
+                    softcap: a.softcap,
+                    ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic)
+                };
                 // Idle time before each config: with `--warmup-ms 0`, a short burst at the
                 // clock of a cool card, as the anchors and the FA3 paper time (docs/perf.md).
                 std::thread::sleep(std::time::Duration::from_millis(a.cooldown_ms));

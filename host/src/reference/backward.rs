@@ -149,9 +149,17 @@ pub fn attention_backward_tiled(
     let pair = |b: usize, h: usize, i: usize, j: usize| {
         let r = (b * hq + h) * sq + i;
         let s: f32 = dot(p.q.row(b, i, h), p.k.row(b, j, h / group));
-        let pij = s.mul_add(scale_log2, -lse2[r]).exp2();
+        // Soft-capping as the kernel: t = tanh(s · scale / c), P = exp2(t · c log2 e − LSE₂),
+        // dS times 1 − t².
+        let (pij, grad) = match p.softcap {
+            None => (s.mul_add(scale_log2, -lse2[r]).exp2(), 1.0),
+            Some(c) => {
+                let t = (s * (p.scale / c)).tanh();
+                (t.mul_add(c * std::f32::consts::LOG2_E, -lse2[r]).exp2(), 1.0 - t * t)
+            }
+        };
         let dp: f32 = dot(dout.row(b, i, h), p.v.row(b, j, h / group));
-        let ds = pij * (dp - delta[r]);
+        let ds = pij * (dp - delta[r]) * grad;
         (pij.rounded(op_dtype), ds.rounded(op_dtype))
     };
     backward_tiles(p, dout, tiling, op_dtype, pair)
@@ -166,9 +174,11 @@ fn backward_naive<T: Real>(p: &Problem<'_>, dout: &HostTensor, fwd: &AttnResult<
     let pair = |b: usize, h: usize, i: usize, j: usize| {
         let r = (b * hq + h) * sq + i;
         let s: T = dot(p.q.row(b, i, h), p.k.row(b, j, h / group));
-        let pij = (s * scale - fwd.lse[r]).exp().rounded(dtype);
+        // The logit and its derivative by `scale · s` (1, or 1 − tanh² with soft-capping).
+        let (logit, grad) = T::logit(s * scale, p.softcap);
+        let pij = (logit - fwd.lse[r]).exp().rounded(dtype);
         let dp: T = dot(dout.row(b, i, h), p.v.row(b, j, h / group));
-        (pij, (pij * (dp - delta[r])).rounded(dtype))
+        (pij, (pij * (dp - delta[r]) * grad).rounded(dtype))
     };
     backward_tiles(p, dout, BwdTiling { block_m: sq.max(1), block_n: sk.max(1) }, dtype, pair)
 }
@@ -250,7 +260,7 @@ fn for_each_key_row<T: Copy + Send + Sync + Default>(
     p: &Problem<'_>,
     row_fn: impl Fn(usize, usize, usize, &mut [T], &mut [T]) + Sync,
 ) -> (Vec<T>, Vec<T>) {
-    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale };
+    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None };
     let d = p.k.shape[3];
     let rows = for_each_row(&keys, |b, kv, j, out: &mut [(T, T)]| {
         let (mut dk, mut dv) = (vec![T::default(); d], vec![T::default(); d]);
@@ -302,6 +312,9 @@ trait Real:
 {
     fn of(x: f32) -> Self;
     fn exp(self) -> Self;
+    /// The logit of a scaled score and its derivative: `(x, 1)`, or with soft-capping at
+    /// `c`, `(c · tanh(x / c), 1 − tanh²(x / c))`.
+    fn logit(x: Self, softcap: Option<f32>) -> (Self, Self);
     /// Rounded to `dtype` (a tensor-core operand or a stored output); `None` keeps it.
     fn rounded(self, dtype: Option<DType>) -> Self;
 }
@@ -312,6 +325,12 @@ impl Real for f32 {
     }
     fn exp(self) -> Self {
         f32::exp(self)
+    }
+    fn logit(x: Self, softcap: Option<f32>) -> (Self, Self) {
+        softcap.map_or((x, 1.0), |c| {
+            let t = (x / c).tanh();
+            (c * t, 1.0 - t * t)
+        })
     }
     fn rounded(self, dtype: Option<DType>) -> Self {
         dtype.map_or(self, |t| round_to(t, self))
@@ -324,6 +343,12 @@ impl Real for f64 {
     }
     fn exp(self) -> Self {
         f64::exp(self)
+    }
+    fn logit(x: Self, softcap: Option<f32>) -> (Self, Self) {
+        softcap.map_or((x, 1.0), |c| {
+            let t = (x / c as f64).tanh();
+            (c as f64 * t, 1.0 - t * t)
+        })
     }
     fn rounded(self, dtype: Option<DType>) -> Self {
         assert!(dtype.is_none(), "the f64 reference is never rounded");

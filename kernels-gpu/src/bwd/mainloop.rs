@@ -2,8 +2,9 @@
 //! (one query block of one query head):
 //!
 //! 1. `Sᵀ = K Qᵀ` and `dPᵀ = V dOᵀ` (SS WGMMA, both operands K-major);
-//! 2. `Pᵀ = exp2(Sᵀ · scale · log2 e − LSE₂)` (zero where the mask hides a pair) and
-//!    `dSᵀ = Pᵀ ∘ (dPᵀ − D)`, elementwise in registers;
+//! 2. `Pᵀ = exp2(Sᵀ · scale · log2 e − LSE₂)` (zero where the mask hides a pair; with
+//!    soft-capping from the logits `c · tanh(Sᵀ · scale / c)`) and `dSᵀ = Pᵀ ∘ (dPᵀ − D)`
+//!    (with soft-capping `Pᵀ · (1 − tanh²)` in place of `Pᵀ`), elementwise in registers;
 //! 3. `dSᵀ` to shared memory (both warpgroups' rows make the block's `dSᵀ`);
 //! 4. `dV += Pᵀ dO` and `dK += dSᵀ Q` (RS: `Pᵀ` and `dSᵀ` are already A fragments, dO
 //!    and Q MN-major B), and this warpgroup's piece of `dQ = dS K` (SS, both MN-major);
@@ -89,7 +90,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let lane = self.thread_in_wg % 32;
         let key_row = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
         let mask = KeyRowMask::new(p, key_row);
-        steps.for_each(|_, m| {
+        steps.for_each_query_block(#[inline(always)] |m| {
             let masked = step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
                 || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
             // Uniform across the CTA; the broadcast lets ptxas see it.
@@ -97,6 +98,19 @@ impl<K: BwdTraits> Consumer<'_, K> {
             self.step(&mut grads, &mask, m, masked);
         });
         grads
+    }
+
+    /// `dV += Pᵀ dO` (RS: `Pᵀ` packed in registers, dO MN-major from `do_b`).
+    #[inline(always)]
+    fn issue_dv(grads: &mut KeyBlockGrads<K>, probs: &mut <K::Scores as ScoreTile>::Probs, do_b: u64) {
+        let steps = <<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS;
+        probs.fence_operand();
+        grads.dv.fence_operand();
+        gemm::issue(|| {
+            for kb in 0..steps {
+                K::Element::wgmma_rs_mn(&mut grads.dv, probs.step(kb), desc_add(do_b, mn_major_k_step(kb as u32)), true);
+            }
+        });
     }
 
     /// One step: query block `m` (of the query head the producer loaded).
@@ -126,13 +140,23 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 K::Element::wgmma_ss(&mut scores, desc_add(k_desc, key_step), desc_add(q_desc, q_step), kk > 0);
             }
         });
-        gemm::issue(|| {
-            for kk in 0..K::HDIM / 16 {
-                let (key_step, q_step) = (k_major_k_step(K::BLOCK_N, kk), k_major_k_step(K::BLOCK_M, kk));
-                K::Element::wgmma_ss(&mut dp, desc_add(v_desc, key_step), desc_add(do_desc, q_step), kk > 0);
-            }
-        });
-        gemm::wait::<1>(&mut scores);
+        let issue_dp = |dp: &mut K::Scores| {
+            gemm::issue(|| {
+                for kk in 0..K::HDIM / 16 {
+                    let (key_step, q_step) = (k_major_k_step(K::BLOCK_N, kk), k_major_k_step(K::BLOCK_M, kk));
+                    K::Element::wgmma_ss(dp, desc_add(v_desc, key_step), desc_add(do_desc, q_step), kk > 0);
+                }
+            })
+        };
+        // Soft-capping: dPᵀ is issued after Pᵀ is made, so that its accumulator is not
+        // held while the tanh and its derivative are (with it in flight, hdim 128
+        // spilled).
+        if K::SOFTCAP {
+            gemm::wait::<0>(&mut scores);
+        } else {
+            issue_dp(&mut dp);
+            gemm::wait::<1>(&mut scores);
+        }
 
         // 2. Pᵀ (in place of Sᵀ; the f32 values stay for dSᵀ), packed into A fragments one
         // k-step (two n-tiles) at a time, then dV += Pᵀ dO while dSᵀ is computed.
@@ -143,6 +167,10 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let steps = <<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS;
         let mut probs = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
         for kb in 0..steps {
+            // Soft-capping packs each pair of P as it is made, for dV, and keeps
+            // P · (1 − tanh²) in its place, for dS (tanh' of the logits): both fit in the
+            // registers P alone takes.
+            let mut packed = [0u32; 4];
             for e in 0..2 {
                 let j = 2 * kb + e;
                 let col = 8 * j as u32 + col_2t;
@@ -150,23 +178,27 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 let lse2 = unsafe { smem::ld_v2_f32(lse.add(4 * col)) };
                 let sf = scores.frag_mut(j);
                 for r in 0..2 {
+                    let mut pair = [0.0f32; 2];
                     for c in 0..2 {
                         let i = 2 * r + c;
                         let hidden = masked && query0 + ((col + c as u32) as i32) < mask.min_query[r];
-                        sf[i] = if hidden { 0.0 } else { math::exp2(math::fma(sf[i], self.p.scale_log2, -lse2[c])) };
+                        // Soft-capping: the score is the tanh; `c` is in `scale_log2`.
+                        let logit = if K::SOFTCAP { math::tanh(sf[i] * self.p.softcap_scale) } else { sf[i] };
+                        let prob = if hidden { 0.0 } else { math::exp2(math::fma(logit, self.p.scale_log2, -lse2[c])) };
+                        pair[c] = prob;
+                        sf[i] = if K::SOFTCAP { prob * math::fma(-logit, logit, 1.0) } else { prob };
                     }
+                    packed[2 * e + r] = K::Element::pack2(pair[0], pair[1]);
                 }
             }
-            probs.set_step(kb, scores.probs_step::<K::Element>(kb));
+            probs.set_step(kb, if K::SOFTCAP { packed } else { scores.probs_step::<K::Element>(kb) });
         }
         let do_b = mn_major_sw128(do_slot.0, K::BLOCK_M);
-        probs.fence_operand();
-        grads.dv.fence_operand();
-        gemm::issue(|| {
-            for kb in 0..steps {
-                K::Element::wgmma_rs_mn(&mut grads.dv, probs.step(kb), desc_add(do_b, mn_major_k_step(kb as u32)), true);
-            }
-        });
+        if K::SOFTCAP {
+            dp.fence_operand();
+            issue_dp(&mut dp);
+        }
+        Self::issue_dv(grads, &mut probs, do_b);
         // dPᵀ landed (dV may still run).
         gemm::wait::<1>(&mut dp);
 

@@ -24,6 +24,7 @@ pub mod traits;
 use crate::fa3::pipeline::PipelineState;
 use crate::fa3::storage::TensorMaps;
 use crate::fa3::traits::WARPGROUP_THREADS;
+use crate::ptx::compiler::opaque_u32;
 use crate::ptx::{barrier, mbarrier, regs, sreg};
 use common::bwd::{BwdParams, CtaSteps, MMA_WGS};
 use dq::{DqStager, DqWriter};
@@ -90,6 +91,10 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
             kernel: core::marker::PhantomData,
         };
         let grads = consumer.run();
+        // Soft-capping: the coordinates are re-derived (opaque): shared with the
+        // mainloop's, the epilogue's row index stayed live across it and spilled at hdim
+        // 128 (the plain kernels keep theirs, which fit).
+        let (wg, thread_in_wg) = if K::SOFTCAP { (opaque_u32(wg), opaque_u32(thread_in_wg)) } else { (wg, thread_in_wg) };
         epilogue::store::<K>(&p, &grads, n_block, head_k, batch, wg, thread_in_wg);
         // Shared memory must outlive the last dQ reduction's reads.
         crate::fa3::epilogue::drain(thread_in_wg);

@@ -18,8 +18,12 @@ pub trait BwdTraits: Copy + 'static {
     /// A consumer warpgroup's dK (and dV) accumulator: its 64 keys by `HDIM`.
     type KeyGrads: FragTile + WgmmaAcc;
     const HDIM: u32;
-    /// dQ summed in key-block order, each CTA waiting for its turn (`dq_semaphore`).
+    /// dQ summed in a fixed order per query block, each CTA waiting for its turn
+    /// (`dq_semaphore`, `common::bwd::DqOrder`).
     const DETERMINISTIC: bool;
+    /// Soft-capped logits `c · tanh(S · scale / c)` (`common::ScoreModKind::Softcap`):
+    /// `P` from them, and `dS` times their derivative `1 − tanh²`.
+    const SOFTCAP: bool;
     /// Query rows per step.
     const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
     /// Keys per CTA.

@@ -79,3 +79,28 @@ impl ScoreMod for NoScoreMod {
     #[inline(always)]
     fn apply<S: FragTile>(&self, _: &mut S, _: i32, _: i32) {}
 }
+
+/// Soft-capping (`common::ScoreModKind::Softcap`): logits `c · tanh(S · scale / c)`. The
+/// score becomes `tanh(S · scale / c)` and the host folds `c` into the softmax's scale
+/// (`FwdParams::softcap_scale`), which saves a multiply and a register per element.
+#[derive(Clone, Copy)]
+pub struct Softcap {
+    scale: f32,
+}
+
+impl ScoreMod for Softcap {
+    #[inline(always)]
+    fn new(p: &FwdParams) -> Self {
+        Softcap { scale: p.softcap_scale }
+    }
+
+    #[inline(always)]
+    fn apply<S: FragTile>(&self, s: &mut S, _: i32, _: i32) {
+        for j in 0..S::FRAGS {
+            let f = s.frag_mut(j);
+            for i in 0..4 {
+                f[i] = crate::ptx::math::tanh(f[i] * self.scale);
+            }
+        }
+    }
+}

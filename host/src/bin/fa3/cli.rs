@@ -61,6 +61,9 @@ pub struct RunArgs {
     /// Softmax scale [default: 1/sqrt(hdim)]
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub scale: Option<f32>,
+    /// Soft-capping: logits c * tanh(scale * QK^T / c)
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
+    pub softcap: Option<f32>,
     /// Write o and lse to a safetensors file
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -133,9 +136,12 @@ pub struct BenchArgs {
     /// launches; FLOPs 2.5x the forward's), or both in a row
     #[arg(long, value_enum, value_name = "PASS", default_value_t = PassArg::Fwd)]
     pub pass: PassArg,
-    /// Backward: the deterministic mode (dQ summed in key-block order)
+    /// Backward: the deterministic mode (dQ summed in a fixed order per query block)
     #[arg(long)]
     pub deterministic: bool,
+    /// Soft-capping at C (the soft-capping kernels)
+    #[arg(long, value_name = "C")]
+    pub softcap: Option<f32>,
     /// Write the results as CSV (impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops)
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
