@@ -184,19 +184,26 @@ impl CtaSteps {
     /// [`CtaSteps::for_each`] as one cycle through `first..blocks` (each head's order
     /// continues where the previous one ended), which keeps one counter fewer live (the
     /// consumers, whose registers are all taken, need no head index).
+    /// `f(step, m)`: the step's index too, from which [`CtaSteps::head_of`] derives its head.
     #[inline(always)]
-    pub fn for_each_query_block(&self, mut f: impl FnMut(u32)) {
+    pub fn for_each_query_block(&self, mut f: impl FnMut(u32, u32)) {
         if self.is_empty() {
             return;
         }
         let mut m = self.order.query_block(0, self.n, self.first, self.blocks);
-        for _ in 0..self.kv_group * (self.blocks - self.first) {
-            f(m);
+        for step in 0..self.kv_group * (self.blocks - self.first) {
+            f(step, m);
             m += 1;
             if m == self.blocks {
                 m = self.first;
             }
         }
+    }
+
+    /// The query head (`h` of `kv_group`) of step `step` of the walk.
+    #[inline(always)]
+    pub fn head_of(&self, step: u32) -> u32 {
+        step / (self.blocks - self.first)
     }
 
     /// Calls `f(h, m)` for every step.
@@ -324,6 +331,10 @@ pub struct BwdParams {
     /// `1 / scale_log2`, which turns `log2 P + LSE₂` back into the tanh.
     pub softcap_scale: f32,
     pub softcap_inv_scale_log2: f32,
+    /// ALiBi kernels: as `FwdParams::alibi_slopes` and the fields after it.
+    pub alibi_slopes: u64,
+    pub alibi_batch_stride: u32,
+    pub alibi_inv_scale: f32,
 }
 
 impl BwdParams {
@@ -404,6 +415,14 @@ macro_rules! bwd_kernel_table {
             bwd_hdim128_f16_deterministic_softcap => F16, hdim 128, MainDeterministic, Softcap;
             bwd_hdim128_bf16_softcap => BF16, hdim 128, Main, Softcap;
             bwd_hdim128_bf16_deterministic_softcap => BF16, hdim 128, MainDeterministic, Softcap;
+            bwd_hdim64_f16_alibi => F16, hdim 64, Main, Alibi;
+            bwd_hdim64_f16_deterministic_alibi => F16, hdim 64, MainDeterministic, Alibi;
+            bwd_hdim64_bf16_alibi => BF16, hdim 64, Main, Alibi;
+            bwd_hdim64_bf16_deterministic_alibi => BF16, hdim 64, MainDeterministic, Alibi;
+            bwd_hdim128_f16_alibi => F16, hdim 128, Main, Alibi;
+            bwd_hdim128_f16_deterministic_alibi => F16, hdim 128, MainDeterministic, Alibi;
+            bwd_hdim128_bf16_alibi => BF16, hdim 128, Main, Alibi;
+            bwd_hdim128_bf16_deterministic_alibi => BF16, hdim 128, MainDeterministic, Alibi;
         }
     };
 }
@@ -562,8 +581,8 @@ mod tests {
                     for n in 0..nb {
                         let steps = CtaSteps::new(&p, n, 64);
                         let (mut a, mut b) = (std::vec::Vec::new(), std::vec::Vec::new());
-                        steps.for_each(|_, m| a.push(m));
-                        steps.for_each_query_block(|m| b.push(m));
+                        steps.for_each(|h, m| a.push((h, m)));
+                        steps.for_each_query_block(|step, m| b.push((steps.head_of(step), m)));
                         assert_eq!(a, b, "{order:?} sq {sq} sk {sk} group {group} n {n}");
                     }
                 }

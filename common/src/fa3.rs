@@ -221,11 +221,12 @@ pub const fn consumer_wgs(hdim: u32) -> u32 {
 }
 
 /// Consumer warpgroups of the kernel with score modification `score_mod`: the plain
-/// kernels' [`consumer_wgs`], except two at hdim 64 with soft-capping (at three, the
-/// tanh made the 160-register consumers spill).
+/// kernels' [`consumer_wgs`], except two at hdim 64 with a score modification (at three,
+/// soft-capping's tanh and ALiBi's distances made the 160-register consumers spill).
 pub const fn consumer_wgs_of(hdim: u32, score_mod: crate::ScoreModKind) -> u32 {
     match score_mod {
-        crate::ScoreModKind::Softcap if hdim == 64 => 2,
+        crate::ScoreModKind::None => consumer_wgs(hdim),
+        _ if hdim == 64 => 2,
         _ => consumer_wgs(hdim),
     }
 }
@@ -422,6 +423,14 @@ macro_rules! fa3_kernel_table {
             fa3_fwd_hdim128_bf16_softcap => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap;
             fa3_fwd_hdim256_bf16_softcap => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap;
             fa3_fwd_hdim256_bf16_n64_softcap => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap;
+            fa3_fwd_hdim64_f16_alibi => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi;
+            fa3_fwd_hdim128_f16_alibi => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi;
+            fa3_fwd_hdim256_f16_alibi => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Alibi;
+            fa3_fwd_hdim256_f16_n64_alibi => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi;
+            fa3_fwd_hdim64_bf16_alibi => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi;
+            fa3_fwd_hdim128_bf16_alibi => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi;
+            fa3_fwd_hdim256_bf16_alibi => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Alibi;
+            fa3_fwd_hdim256_bf16_n64_alibi => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi;
         }
     };
 }
@@ -623,7 +632,7 @@ mod tests {
     fn the_table_has_the_planned_kernel_of_every_head_dim_and_key_count() {
         for hdim in crate::HEAD_DIMS {
             for seqlen_k in [1, 64, 4096, 4097, 16384] {
-                for score_mod in [crate::ScoreModKind::None, crate::ScoreModKind::Softcap] {
+                for score_mod in [crate::ScoreModKind::None, crate::ScoreModKind::Softcap, crate::ScoreModKind::Alibi] {
                     let (wgs, keys) = (consumer_wgs_of(hdim, score_mod), key_block(hdim, seqlen_k));
                     for dtype in [crate::DType::F16, crate::DType::BF16] {
                         assert!(

@@ -58,8 +58,12 @@ pub enum ScoreModKind {
     #[default]
     None,
     /// Logits `c · tanh(scale · S / c)` (Gemma 2's soft-capping, FlashAttention's
-    /// `softcap`): the kernel reads `c` and `scale / c` from the parameters.
+    /// `softcap`): the kernel takes `tanh(S · scale / c)` as the score and `c` joins the
+    /// softmax's scale.
     Softcap,
+    /// Logits `scale · S − slope · |i + seqlen_k − seqlen_q − j|` (ALiBi, FlashAttention's
+    /// convention), one slope per (batch, query head) from a device array.
+    Alibi,
 }
 
 /// A compiled kernel entry point.
@@ -222,6 +226,12 @@ pub struct FwdParams {
     /// `c · tanh(S · scale / c)`: the kernel takes `tanh(S · softcap_scale)` as the score
     /// and the host sets `scale_log2 = c · log2 e` and `softmax_scale = c`.
     pub softcap_scale: f32,
+    /// ALiBi kernels ([`ScoreModKind::Alibi`]): f32 slopes, `[heads_q]` or
+    /// `[batch, heads_q]` (`alibi_batch_stride` 0 or `heads_q`), and `1 / scale`, which turns
+    /// a slope into raw-score units (the bias joins `S` before the softmax's scale).
+    pub alibi_slopes: u64,
+    pub alibi_batch_stride: u32,
+    pub alibi_inv_scale: f32,
     /// FA3: device address of a u32 from which CTAs claim tiles in order (a dynamic
     /// persistent schedule); 0: each CTA takes every grid-th tile.
     pub tile_counter: u64,

@@ -1,12 +1,12 @@
 //! `flash_attn_func` and `flash_attn_backward`: the public entry points.
 use crate::error::{AttnError, Result};
 use crate::gpu::Gpu;
-use crate::plan::{AttnOptions, FwdPlan, TensorDesc, plan_forward};
+use crate::plan::{AlibiDesc, AttnOptions, FwdPlan, TensorDesc, plan_forward};
 use crate::plan_bwd::{BwdTensors, backward_workspace_bytes, plan_backward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
 use crate::tma::TensorMapSpec;
 use common::{FwdParams, TmaDescriptors};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop};
 use std::sync::Arc;
 
 /// O and LSE of a forward pass.
@@ -91,6 +91,7 @@ pub fn flash_attn_func_into(
     let lse_len = lse.len();
     let (o_ptr, _o_sync) = out.slice.device_ptr_mut(stream);
     let (lse_ptr, _lse_sync) = lse.device_ptr_mut(stream);
+    let (alibi, _alibi_sync) = alibi_desc(opts, stream);
     let plan = plan_forward(
         &desc(q, q_ptr),
         &desc(k, k_ptr),
@@ -98,9 +99,22 @@ pub fn flash_attn_func_into(
         &TensorDesc { addr: o_ptr, ..out_desc },
         (lse_ptr, lse_len),
         opts,
+        alibi,
         gpu.info().sm_count,
     )?;
     launch(gpu, stream, &plan)
+}
+
+/// The options' ALiBi slopes as the planners take them, and the guard that orders the
+/// launch after their last write (held until the launch is queued).
+fn alibi_desc<'a>(opts: &AttnOptions<'a>, stream: &'a Arc<CudaStream>) -> (Option<AlibiDesc>, Option<SyncOnDrop<'a>>) {
+    match opts.alibi {
+        Some(a) => {
+            let (addr, sync) = a.slopes.device_ptr(stream);
+            (Some(AlibiDesc { addr, len: a.slopes.len(), per_batch: a.per_batch }), Some(sync))
+        }
+        None => (None, None),
+    }
 }
 
 fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
@@ -226,6 +240,7 @@ pub fn flash_attn_backward_into(
     let (dv_ptr, _dv_sync) = dv.slice.device_ptr_mut(stream);
     let ws_len = workspace.len();
     let (ws_ptr, _ws_sync) = workspace.device_ptr_mut(stream);
+    let (alibi, _alibi_sync) = alibi_desc(opts, stream);
     let tensors = BwdTensors {
         q: desc(q, q_ptr),
         k: desc(k, k_ptr),
@@ -237,6 +252,7 @@ pub fn flash_attn_backward_into(
         dk: TensorDesc { addr: dk_ptr, ..dk_desc },
         dv: TensorDesc { addr: dv_ptr, ..dv_desc },
         workspace: (ws_ptr, ws_len),
+        alibi,
     };
     let plan = plan_backward(&tensors, opts, gpu.info().sm_count)?;
     let tma = TmaBlock::encode(&plan.tma)?;

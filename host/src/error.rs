@@ -25,6 +25,8 @@ pub enum Arg {
     Dv,
     /// The caller-given scratch buffer of the backward (`workspace`).
     Workspace,
+    /// The ALiBi slopes (`AttnOptions::alibi`).
+    AlibiSlopes,
 }
 
 impl fmt::Display for Arg {
@@ -35,6 +37,7 @@ impl fmt::Display for Arg {
             Arg::V => "v",
             Arg::Out => "out",
             Arg::Lse => "lse",
+            Arg::AlibiSlopes => "alibi_slopes",
             Arg::DOut => "dout",
             Arg::Dq => "dq",
             Arg::Dk => "dk",

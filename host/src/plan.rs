@@ -3,13 +3,40 @@
 use crate::error::{Arg, AttnError, Result};
 use crate::tensor::Layout;
 use crate::tma::TensorMapSpec;
+use cudarc::driver::CudaSlice;
 use common::fa3::{self, Techniques};
 use common::bwd;
 use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, KernelKind, ScoreModKind, Strides, fa2};
 
+/// ALiBi slopes on the device (f32), for [`AttnOptions::alibi`].
+#[derive(Clone, Copy)]
+pub struct AlibiSlopes<'a> {
+    /// `[heads_q]`, or `[batch, heads_q]` when `per_batch`.
+    pub slopes: &'a CudaSlice<f32>,
+    /// One slope per (batch, head) rather than per head.
+    pub per_batch: bool,
+}
+
+impl std::fmt::Debug for AlibiSlopes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlibiSlopes").field("len", &self.slopes.len()).field("per_batch", &self.per_batch).finish()
+    }
+}
+
+/// The ALiBi slopes of a call as the planners see them: a device address and a length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AlibiDesc {
+    /// Device address of the f32 slopes.
+    pub addr: u64,
+    /// Slopes in the buffer.
+    pub len: usize,
+    /// `[batch, heads_q]` rather than `[heads_q]`.
+    pub per_batch: bool,
+}
+
 /// Options of an attention call, as in `flash_attn_func`.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct AttnOptions {
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnOptions<'a> {
     /// Scale of `QK^T` before the softmax; `None` means `1 / sqrt(hdim)`.
     pub softmax_scale: Option<f32>,
     /// Causal mask aligned to the bottom-right corner of the score matrix (query `i`
@@ -30,6 +57,10 @@ pub struct AttnOptions {
     /// `c · tanh(scale · QKᵀ / c)` instead of `scale · QKᵀ`, in the forward and the
     /// backward (whose gradients include `tanh`'s derivative). `None`: plain logits.
     pub softcap: Option<f32>,
+    /// ALiBi (FlashAttention's convention): the logits are
+    /// `scale · q_i·k_j − slope_h · |i + seqlen_k − seqlen_q − j|`, forward and backward.
+    /// Not with `softcap` (no kernel for both yet).
+    pub alibi: Option<AlibiSlopes<'a>>,
 }
 
 /// Grid of the FA3 kernels.
@@ -60,7 +91,7 @@ pub enum Schedule {
     PersistentMulticast,
 }
 
-impl AttnOptions {
+impl<'a> AttnOptions<'a> {
     /// Turns the bottom-right-aligned causal mask on or off.
     pub fn causal(mut self, causal: bool) -> Self {
         self.causal = causal;
@@ -90,12 +121,23 @@ impl AttnOptions {
         self
     }
 
-    /// The score modification these options compile in, after checking its values.
-    pub(crate) fn score_mod(&self) -> Result<ScoreModKind> {
-        match self.softcap {
-            None => Ok(ScoreModKind::None),
-            Some(c) if c.is_finite() && c > 0.0 => Ok(ScoreModKind::Softcap),
-            Some(c) => Err(AttnError::InvalidSoftcap(c)),
+    /// Adds ALiBi biases with these slopes (see
+    /// [`AttnOptions::alibi`](struct.AttnOptions.html#structfield.alibi)): `[heads_q]`, or
+    /// `[batch, heads_q]` when `per_batch`.
+    pub fn alibi(mut self, slopes: &'a CudaSlice<f32>, per_batch: bool) -> Self {
+        self.alibi = Some(AlibiSlopes { slopes, per_batch });
+        self
+    }
+
+    /// The score modification these options compile in, after checking its values
+    /// (`alibi`: whether the call passes slopes).
+    pub(crate) fn score_mod(&self, alibi: bool) -> Result<ScoreModKind> {
+        match (self.softcap, alibi) {
+            (Some(c), _) if !(c.is_finite() && c > 0.0) => Err(AttnError::InvalidSoftcap(c)),
+            (Some(_), true) => Err(AttnError::Unsupported("softcap with ALiBi: no kernel combines them yet".into())),
+            (Some(_), false) => Ok(ScoreModKind::Softcap),
+            (None, true) => Ok(ScoreModKind::Alibi),
+            (None, false) => Ok(ScoreModKind::None),
         }
     }
 
@@ -202,6 +244,22 @@ pub(crate) fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
 /// `batch * heads_q * seqlen_q` f32 and is 4-byte aligned; the softmax scale (the
 /// default's for `hdim` when not given) is finite and non-negative; sizes fit a launch.
 /// Returns the scale.
+/// Checks a call's ALiBi slopes (enough of them, aligned, a positive scale to express the
+/// bias in raw-score units) and returns the kernels' batch stride and `1 / scale`.
+pub(crate) fn check_alibi(a: AlibiDesc, batch: usize, heads_q: usize, scale: f32) -> Result<(u32, f32)> {
+    let needed = if a.per_batch { batch * heads_q } else { heads_q };
+    if a.len < needed {
+        return Err(AttnError::OutOfBounds { arg: Arg::AlibiSlopes, needed, len: a.len });
+    }
+    if a.addr % 4 != 0 {
+        return Err(AttnError::Misaligned { arg: Arg::AlibiSlopes, detail: format!("address {:#x} is not 4-byte aligned", a.addr) });
+    }
+    if scale <= 0.0 {
+        return Err(AttnError::Unsupported("ALiBi needs a positive softmax_scale (the kernels add the bias before it)".into()));
+    }
+    Ok((if a.per_batch { heads_q as u32 } else { 0 }, 1.0 / scale))
+}
+
 pub(crate) fn check_lse_scale_and_sizes(lse: (u64, usize), q_shape: [usize; 4], seqlen_k: usize, opts: &AttnOptions) -> Result<f32> {
     let [batch, seqlen_q, heads_q, hdim] = q_shape;
     let lse_needed = batch * heads_q * seqlen_q;
@@ -265,6 +323,7 @@ pub fn plan_forward(
     out: &TensorDesc,
     lse: (u64, usize),
     opts: &AttnOptions,
+    alibi: Option<AlibiDesc>,
     sm_count: u32,
 ) -> Result<FwdPlan> {
     if q.dtype != k.dtype || q.dtype != v.dtype {
@@ -307,7 +366,7 @@ pub fn plan_forward(
     // The schedule depends only on whether the kernel is warp-specialized and has every
     // technique (multicast), which every default is (whatever the cluster).
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
-    let score_mod = opts.score_mod()?;
+    let score_mod = opts.score_mod(alibi.is_some())?;
     if score_mod != ScoreModKind::None && algo != Algo::Fa3(Techniques::FULL) {
         return Err(AttnError::Unsupported(format!("{score_mod:?} has kernels only for FlashAttention-3 with every technique (not {algo:?})")));
     }
@@ -368,6 +427,9 @@ pub fn plan_forward(
         softmax_scale: scale,
         causal: opts.causal as u32,
         softcap_scale: 0.0,
+        alibi_slopes: 0,
+        alibi_batch_stride: 0,
+        alibi_inv_scale: 0.0,
         tile_counter: 0,
         section_log2: 0,
         tile_counter_base: 0,
@@ -377,6 +439,12 @@ pub fn plan_forward(
         params.softcap_scale = scale / cap;
         params.scale_log2 = cap * std::f32::consts::LOG2_E;
         params.softmax_scale = cap;
+    }
+    if let Some(a) = alibi {
+        let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;
+        params.alibi_slopes = a.addr;
+        params.alibi_batch_stride = batch_stride;
+        params.alibi_inv_scale = inv_scale;
     }
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), None),

@@ -1,7 +1,7 @@
 //! Validation and launch planning of the backward pass: pure functions of shapes,
 //! strides, dtypes and addresses, so every misuse is caught (and tested) without a GPU.
 use crate::error::{Arg, AttnError, Result};
-use crate::plan::{AttnOptions, TensorDesc, check_lse_scale_and_sizes, check_tensor, strides};
+use crate::plan::{AlibiDesc, AttnOptions, TensorDesc, check_alibi, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
 use common::{KernelEntry, ScoreModKind};
@@ -91,6 +91,8 @@ pub struct BwdTensors {
     pub dv: TensorDesc,
     /// Scratch: (device address, bytes).
     pub workspace: (u64, usize),
+    /// ALiBi slopes, when the call has them.
+    pub alibi: Option<AlibiDesc>,
 }
 
 /// Validates a backward call and plans its launches on a GPU with `sm_count` SMs (the
@@ -160,7 +162,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     // Outputs must not overlap anything else the call reads or writes: the kernels would
     // read what they are overwriting.
     check_disjoint(&all)?;
-    let score_mod = opts.score_mod()?;
+    let score_mod = opts.score_mod(t.alibi.is_some())?;
     let find = |stage| bwd::find(stage, hdim as u32, dtype, score_mod).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
     let main_stage = if opts.deterministic { BwdStage::MainDeterministic } else { BwdStage::Main };
     let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);
@@ -208,8 +210,17 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         causal: opts.causal as u32,
         softcap_scale: 0.0,
         softcap_inv_scale_log2: 0.0,
+        alibi_slopes: 0,
+        alibi_batch_stride: 0,
+        alibi_inv_scale: 0.0,
     };
     let mut params = params;
+    if let Some(a) = t.alibi {
+        let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;
+        params.alibi_slopes = a.addr;
+        params.alibi_batch_stride = batch_stride;
+        params.alibi_inv_scale = inv_scale;
+    }
     if let (ScoreModKind::Softcap, Some(cap)) = (score_mod, opts.softcap) {
         // As the forward: the score is tanh(S · scale / c), c joins exp2's scale;
         // dQ and dK keep the call's scale (the logits' derivative is scale · (1 − tanh²)).

@@ -70,6 +70,17 @@ pub struct Problem<'a> {
     pub scale: f32,
     /// Soft-capping: logits `c · tanh(scale · QKᵀ / c)` instead of `scale · QKᵀ`.
     pub softcap: Option<f32>,
+    /// ALiBi: `slope_h · |i + seqlen_k − seqlen_q − j|` subtracted from the logits.
+    pub alibi: Option<HostAlibi<'a>>,
+}
+
+/// ALiBi slopes on the host: `[heads_q]`, or `[batch, heads_q]` when `per_batch`.
+#[derive(Clone, Copy, Debug)]
+pub struct HostAlibi<'a> {
+    /// The slopes.
+    pub slopes: &'a [f32],
+    /// `[batch, heads_q]` rather than `[heads_q]`.
+    pub per_batch: bool,
 }
 
 impl Problem<'_> {
@@ -81,15 +92,32 @@ impl Problem<'_> {
         (b, sq, sk, hq, hk, d)
     }
 
-    /// The logit of a scaled score `x = scale · q·k`: `x`, or `c · tanh(x / c)` with
-    /// soft-capping (in f64, for the exact reference).
-    pub fn logit_f64(&self, x: f64) -> f64 {
-        self.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())
+    /// The logit of a scaled score `x = scale · q·k` of query `i` and key `j` of head `h`
+    /// of batch `b`: `x`, or `c · tanh(x / c)` with soft-capping, minus the ALiBi bias
+    /// (in f64, for the exact reference).
+    pub fn logit_f64(&self, x: f64, b: usize, h: usize, i: usize, j: usize) -> f64 {
+        self.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh()) - self.alibi_bias(b, h, i, j) as f64
     }
 
     /// [`Problem::logit_f64`] in f32.
-    pub fn logit_f32(&self, x: f32) -> f32 {
-        self.softcap.map_or(x, |c| c * (x / c).tanh())
+    pub fn logit_f32(&self, x: f32, b: usize, h: usize, i: usize, j: usize) -> f32 {
+        self.softcap.map_or(x, |c| c * (x / c).tanh()) - self.alibi_bias(b, h, i, j)
+    }
+
+    /// ALiBi's `slope_h · |i + seqlen_k − seqlen_q − j|` (0 without ALiBi).
+    pub fn alibi_bias(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
+        self.alibi.map_or(0.0, |a| {
+            let heads = self.q.shape[2];
+            let slope = a.slopes[if a.per_batch { b * heads + h } else { h }];
+            let dist = (i as i64 + self.k.shape[1] as i64 - self.q.shape[1] as i64 - j as i64).unsigned_abs();
+            slope * dist as f32
+        })
+    }
+
+    /// Whether the logits are modified (soft-capping or ALiBi): the tiled algorithm then
+    /// works on the logits rather than on raw scores.
+    pub fn modifies_scores(&self) -> bool {
+        self.softcap.is_some() || self.alibi.is_some()
     }
 
     /// Number of keys query row `i` sees.
@@ -174,7 +202,7 @@ pub fn attention_f64(p: &Problem<'_>) -> AttnResult<f64> {
         }
         let q = p.q.row(b, i, h);
         let s: Vec<f64> = (0..n)
-            .map(|j| p.logit_f64(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale))
+            .map(|j| p.logit_f64(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale, b, h, i, j))
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
@@ -202,7 +230,7 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
         }
         let q = p.q.row(b, i, h);
         let s: Vec<f32> = (0..n)
-            .map(|j| p.logit_f32(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale))
+            .map(|j| p.logit_f32(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale, b, h, i, j))
             .collect();
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
@@ -241,8 +269,8 @@ pub struct Tiling {
 /// `p_dtype`: round P to this type before PV, as the tensor cores' operand is.
 pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) -> AttnResult<f32> {
     let (_, sq, sk, hq, hk, d) = p.dims();
-    // With soft-capping the scores are the logits already (scaled), as in the kernel.
-    let score_scale = if p.softcap.is_some() { 1.0 } else { p.scale };
+    // With a score modification the scores are the logits already (scaled).
+    let score_scale = if p.modifies_scores() { 1.0 } else { p.scale };
     let scale_log2 = score_scale * std::f32::consts::LOG2_E;
     let off = sk as i64 - sq as i64;
     let Tiling { block_m, block_n, lazy_rescale } = tiling;
@@ -269,7 +297,7 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
                     let visible = !p.causal || (j as i64) <= i as i64 + off;
                     if visible {
                         let dot: f32 = q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum();
-                        if p.softcap.is_some() { p.logit_f32(dot * p.scale) } else { dot }
+                        if p.modifies_scores() { p.logit_f32(dot * p.scale, b, h, i, j) } else { dot }
                     } else {
                         f32::NEG_INFINITY
                     }

@@ -9,7 +9,7 @@
 //! The exported entry points are generated from the kernel tables in `common`
 //! (`fa2_kernel_table!`, `fa3_kernel_table!`), which also make the host's `common::KERNELS`.
 #![no_std]
-#![feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
+#![feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem, stmt_expr_attributes)]
 #![allow(internal_features)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -50,6 +50,9 @@ macro_rules! score_mod_type {
     };
     (Softcap) => {
         fa3::mask::Softcap
+    };
+    (Alibi) => {
+        fa3::mask::Alibi
     };
 }
 
@@ -125,6 +128,7 @@ macro_rules! bwd_entries {
                 const HDIM: u32 = $d;
                 const DETERMINISTIC: bool = $deterministic;
                 const SOFTCAP: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Softcap);
+                const ALIBI: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Alibi);
             }
             let tma = kernel_param0_address!($name);
             unsafe { bwd::bwd::<Traits>(tma, p) }

@@ -9,7 +9,7 @@ use flash_attn3::reference::backward::{
     BwdTiling, Grads, attention_backward_f64, attention_backward_lowp, attention_backward_tiled,
     causal_first_query_block, visited_block_pairs,
 };
-use flash_attn3::reference::{HostTensor, Problem, Tiling, attention_f64, attention_tiled, rng, within_budget};
+use flash_attn3::reference::{HostAlibi, HostTensor, Problem, Tiling, attention_f64, attention_tiled, rng, within_budget};
 use proptest::prelude::*;
 
 /// `N(0, std^2)` values rounded to bf16.
@@ -63,6 +63,13 @@ fn tiled_cases() -> impl Strategy<Value = (Shape, BwdTiling, f32)> {
         })
 }
 
+/// ALiBi slopes: the standard geometric ones scaled by `slope`, per head, or per (batch,
+/// head) with each batch's shifted.
+fn alibi_slopes(batch: usize, heads: usize, slope: f32, per_batch: bool) -> Vec<f32> {
+    let per_head = |b: usize| (0..heads).map(move |h| slope * 0.5f32.powi(h as i32) * (1.0 + b as f32));
+    if per_batch { (0..batch).flat_map(per_head).collect() } else { per_head(0).collect() }
+}
+
 proptest! {
     // Each case runs two f64 forwards per input entry (up to ~1700 entries): 48 cases take
     // about 3 s.
@@ -81,12 +88,20 @@ proptest! {
     /// 1000 cases the worst difference was 3.7e-9 · max(1, |g|), so 1e-7 · max(1, |g|)
     /// leaves a margin of ~25x, while a wrong term (a missing scale, a dropped GQA head, a
     /// mask off by one) is off by O(|g|).
-    /// With soft-capping (half the cases), the gradients include tanh's derivative.
+    /// With soft-capping (a third of the cases) the gradients include tanh's
+    /// derivative; with ALiBi (another third, per head or per (batch, head)) the bias
+    /// moves P but not dS's formula.
     #[test]
-    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), softcap in proptest::option::of(1.0f32..8.0)) {
+    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..3, cap in 1.0f32..8.0, slope in 0.01f32..0.5) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
-        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap }, &dout);
+        let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
+        let (softcap, alibi) = match variant {
+            1 => (Some(cap), None),
+            2 => (None, Some(HostAlibi { slopes: &slopes, per_batch: s.seed % 2 == 1 })),
+            _ => (None, None),
+        };
+        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi }, &dout);
         const H: f32 = 1.0 / 65536.0;
         for (name, which, g) in [("dQ", 0, &grads.dq), ("dK", 1, &grads.dk), ("dV", 2, &grads.dv)] {
             let x = [&q, &k, &v][which];
@@ -96,7 +111,7 @@ proptest! {
                     t.data[idx] += delta;
                     let mut qkv = [&q, &k, &v];
                     qkv[which] = &t;
-                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap };
+                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi };
                     (loss(&p, &dout), t.data[idx] as f64)
                 };
                 let ((l_plus, x_plus), (l_minus, x_minus)) = (at(H), at(-H));
@@ -113,12 +128,19 @@ proptest! {
 
     /// The tiled recompute backward in f32 (operands not rounded) computes the exact
     /// gradients, for any tile shape, with seqlen_q != seqlen_k, GQA, causal masks and
-    /// rows that see no key, from the tiled forward's O and LSE; with soft-capping too.
+    /// rows that see no key, from the tiled forward's O and LSE; with soft-capping or
+    /// ALiBi too.
     #[test]
-    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), softcap in proptest::option::of(0.5f32..20.0)) {
+    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..3, cap in 0.5f32..20.0, slope in 0.01f32..1.0) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
-        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap };
+        let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
+        let (softcap, alibi) = match variant {
+            1 => (Some(cap), None),
+            2 => (None, Some(HostAlibi { slopes: &slopes, per_batch: s.seed % 2 == 1 })),
+            _ => (None, None),
+        };
+        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi };
         let exact = attention_backward_f64(&p, &dout);
         let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
         let tiled = attention_backward_tiled(&p, &dout, &fwd.o, &fwd.lse, tiling, None);
@@ -212,7 +234,7 @@ fn lowp_backward_error_is_small_but_nonzero() {
         for dtype in DType::ALL {
             let (sq, sk, causal) = [(48, 48, false), (48, 48, true), (33, 70, true), (70, 33, false)][seed as usize];
             let [q, k, v, dout] = inputs(1, sq, sk, 4, 2, 32, dtype, seed);
-            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None };
+            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None };
             let exact = attention_backward_f64(&p, &dout);
             let errs = rel_errs(&attention_backward_lowp(&p, &dout, dtype), &exact);
             let [eq, ek, ev] = errs;
@@ -240,7 +262,7 @@ fn tiled_lowp_backward_is_within_twice_the_naive_error() {
         for (case, &(sq, sk, causal)) in shapes.iter().enumerate() {
             for seed in 0..3u64 {
                 let [q, k, v, dout] = inputs(1, sq, sk, 2, 1, 64, dtype, seed * 16 + case as u64);
-                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None };
+                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None };
                 let exact = attention_backward_f64(&p, &dout);
                 let naive = attention_backward_lowp(&p, &dout, dtype).max_abs_err(&exact);
                 for tiling in tilings {
@@ -291,7 +313,7 @@ fn rows_without_keys_give_zero_dq_and_add_nothing_to_dk_dv() {
     let (q2, dout2) = (garble(&q, 77), garble(&dout, 78));
     let odd_tiles = BwdTiling { block_m: 3, block_n: 16 };
     let run = |q: &HostTensor, dout: &HostTensor| -> Vec<Grads<f64>> {
-        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None };
+        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None };
         let fwd = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
         assert!(fwd.lse.iter().enumerate().all(|(r, &l)| (r % sq < empty_rows) == (l == f32::INFINITY)));
         let widen = |g: Grads<f32>| Grads {

@@ -6,7 +6,7 @@
 //! Without a usable GPU every test is reported as ignored and the reason is printed.
 //! `FA3_REQUIRE_GPU=1` turns that into a failure (for runs that must not skip).
 use flash_attn3::check::check;
-use flash_attn3::reference::{AttnResult, HostTensor, Problem, rng};
+use flash_attn3::reference::{AttnResult, HostAlibi, HostTensor, Problem, rng};
 use flash_attn3::{
     Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into, round_to,
 };
@@ -49,6 +49,8 @@ struct Case {
     climbing: bool,
     /// Soft-capping at this cap (the soft-capping kernels).
     softcap: Option<f32>,
+    /// ALiBi, with slopes per head (`Some(false)`) or per (batch, head) (`Some(true)`).
+    alibi: Option<bool>,
 }
 
 impl Case {
@@ -69,6 +71,7 @@ impl Case {
             schedule: Schedule::Auto,
             climbing: false,
             softcap: None,
+            alibi: None,
         }
     }
 
@@ -82,7 +85,7 @@ impl Case {
             Some(Algo::Fa3(_)) => "fa3nows",
         };
         format!(
-            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}",
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}",
             algo,
             self.dtype.name(),
             self.d,
@@ -95,6 +98,11 @@ impl Case {
             if self.storage == Storage::Strided { "_strided" } else { "" },
             if self.climbing { "_climbing" } else { "" },
             if self.softcap.is_some() { "_softcap" } else { "" },
+            match self.alibi {
+                Some(true) => "_alibi_per_batch",
+                Some(false) => "_alibi",
+                None => "",
+            },
             match self.schedule {
                 Schedule::Auto => "",
                 Schedule::Persistent => "_persistent",
@@ -184,6 +192,21 @@ fn cases() -> Vec<Case> {
     // Soft-capping at 1.5 (the logits, ~N(0, 1) here, saturate): every head dim (hdim 256
     // both key blocks), both dtypes and masks, GQA, rows without keys, strided, climbing
     // maxima, more tiles than SMs.
+    // ALiBi (standard slopes, per head or per (batch, head)): the same shapes.
+    for dtype in DType::ALL {
+        for d in [64, 128, 256] {
+            for causal in [false, true] {
+                let base = Case { alibi: Some(causal), ..Case::base(None, dtype, d, causal) };
+                v.push(Case { sq: 17, sk: 17, ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, storage: Storage::Strided, ..base.clone() });
+                v.push(Case { b: 3, sq: 1500, sk: 1300, hq: 8, hk: 4, ..base.clone() });
+                if d == 256 {
+                    v.push(Case { b: 1, sq: 300, sk: 4500, hq: 4, hk: 2, ..base.clone() });
+                }
+            }
+        }
+    }
     for dtype in DType::ALL {
         for d in [64, 128, 256] {
             for causal in [false, true] {
@@ -252,7 +275,14 @@ fn run_once(
     let mut o = DeviceTensor::from_f32_strided(stream, c.dtype, out_layout, out_len, &nan, f32::NAN)?;
     let lse_len = c.b * c.hq * c.sq;
     let mut lse = stream.clone_htod(&vec![f32::NAN; lse_len + 7])?;
-    let opts = AttnOptions { algo: c.algo, softcap: c.softcap, ..AttnOptions::default().causal(c.causal).schedule(schedule) };
+    let slopes = match p.alibi {
+        Some(a) => Some(stream.clone_htod(a.slopes)?),
+        None => None,
+    };
+    let mut opts = AttnOptions { algo: c.algo, softcap: c.softcap, ..AttnOptions::default().causal(c.causal).schedule(schedule) };
+    if let (Some(dev), Some(a)) = (&slopes, p.alibi) {
+        opts = opts.alibi(dev, a.per_batch);
+    }
     let [q, k, v] = inputs;
     flash_attn_func_into(gpu, stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &mut o.as_mut(), &mut lse, &opts)?;
     stream.synchronize()?;
@@ -272,7 +302,9 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         }
     }
     let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap };
+    let slopes = support::alibi_slopes(c.b, c.hq, c.alibi == Some(true));
+    let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi };
 
     let stream = gpu.new_stream()?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| {

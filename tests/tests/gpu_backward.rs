@@ -9,7 +9,7 @@
 use cudarc::driver::CudaStream;
 use flash_attn3::check::check_backward;
 use flash_attn3::reference::backward::Grads as HostGrads;
-use flash_attn3::reference::{HostTensor, Problem, rng};
+use flash_attn3::reference::{HostAlibi, HostTensor, Problem, rng};
 use flash_attn3::{
     AttnError, AttnOptions, DType, DeviceTensor, Gpu, Layout, backward_workspace_bytes, flash_attn_backward_into,
     flash_attn_func,
@@ -36,16 +36,18 @@ struct Case {
     deterministic: bool,
     /// Soft-capping at this cap (the soft-capping kernels, forward and backward).
     softcap: Option<f32>,
+    /// ALiBi, slopes per head (`Some(false)`) or per (batch, head) (`Some(true)`).
+    alibi: Option<bool>,
 }
 
 impl Case {
     fn base(dtype: DType, d: usize, causal: bool) -> Self {
-        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None }
+        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None, alibi: None }
     }
 
     fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}",
+            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}",
             self.dtype.name(),
             self.d,
             self.b,
@@ -57,6 +59,11 @@ impl Case {
             if self.strided { "_strided" } else { "" },
             if self.deterministic { "_deterministic" } else { "" },
             if self.softcap.is_some() { "_softcap" } else { "" },
+            match self.alibi {
+                Some(true) => "_alibi_per_batch",
+                Some(false) => "_alibi",
+                None => "",
+            },
         )
     }
 }
@@ -86,6 +93,20 @@ fn cases() -> Vec<Case> {
     }
     let base = Case::base(DType::F16, 128, true);
     v.push(Case { b: 1, sq: 4097, sk: 4097, hq: 2, hk: 2, ..base });
+    // ALiBi (standard slopes; per (batch, head) when causal): the same shapes.
+    for dtype in DType::ALL {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let base = Case { alibi: Some(causal), ..Case::base(dtype, d, causal) };
+                v.push(Case { sq: 17, sk: 17, ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, strided: true, ..base.clone() });
+                if dtype == DType::F16 {
+                    v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base });
+                }
+            }
+        }
+    }
     // Soft-capping at 1.5 (the logits saturate): both dtypes, head dims and masks, GQA
     // and rows without keys, strided, and the deterministic kernels.
     for dtype in DType::ALL {
@@ -117,6 +138,7 @@ fn launch(
     inputs: &[DeviceTensor; 4],
     out: &DeviceTensor,
     lse: &cudarc::driver::CudaSlice<f32>,
+    slopes: &cudarc::driver::CudaSlice<f32>,
     workspace: Option<&mut cudarc::driver::CudaSlice<u8>>,
 ) -> Result<Outputs, Failed> {
     let layout = |shape: [usize; 4]| if c.strided { padded(shape) } else { (Layout::contiguous(shape), shape.iter().product()) };
@@ -127,7 +149,10 @@ fn launch(
     let (qs, ks) = ([c.b, c.sq, c.hq, c.d], [c.b, c.sk, c.hk, c.d]);
     let mut grads = [poisoned(qs)?, poisoned(ks)?, poisoned(ks)?];
     let [q, k, v, dout] = inputs;
-    let opts = AttnOptions { softcap: c.softcap, ..AttnOptions::default().causal(c.causal).deterministic(c.deterministic) };
+    let mut opts = AttnOptions { softcap: c.softcap, ..AttnOptions::default().causal(c.causal).deterministic(c.deterministic) };
+    if let Some(per_batch) = c.alibi {
+        opts = opts.alibi(slopes, per_batch);
+    }
     let [dq, dk, dv] = &mut grads;
     flash_attn_backward_into(
         gpu,
@@ -155,9 +180,12 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let k = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
     let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
     let dout = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap };
+    let slopes = support::alibi_slopes(c.b, c.hq, c.alibi == Some(true));
+    let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi };
 
     let stream = gpu.new_stream()?;
+    let dev_slopes = stream.clone_htod(&slopes)?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| DeviceTensor::from_f32_strided(&stream, c.dtype, layout, len, &t.data, f32::NAN);
     let packed = |t: &HostTensor| (Layout::contiguous(t.shape), t.data.len());
     let inputs = if c.strided {
@@ -165,11 +193,14 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     } else {
         [upload(&q, packed(&q))?, upload(&k, packed(&k))?, upload(&v, packed(&v))?, upload(&dout, packed(&dout))?]
     };
-    let fwd_opts = AttnOptions { softcap: c.softcap, ..AttnOptions::default().causal(c.causal) };
+    let mut fwd_opts = AttnOptions { softcap: c.softcap, ..AttnOptions::default().causal(c.causal) };
+    if let Some(per_batch) = c.alibi {
+        fwd_opts = fwd_opts.alibi(&dev_slopes, per_batch);
+    }
     let fwd = flash_attn_func(gpu, &stream, &inputs[0].as_ref(), &inputs[1].as_ref(), &inputs[2].as_ref(), &fwd_opts)?;
     let before = support::snapshot(&inputs, &stream)?;
 
-    let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, None)?;
+    let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, None)?;
     let host = |t: &DeviceTensor| t.to_f32(&stream);
     let got = HostGrads { dq: host(&first.grads[0])?, dk: host(&first.grads[1])?, dv: host(&first.grads[2])? };
     let report = check_backward(&p, &dout, c.dtype, &got);
@@ -191,7 +222,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         // SAFETY: the backward writes every workspace byte it reads.
         let mut ws = unsafe { other.alloc::<u8>(backward_workspace_bytes(b, sq, hq, d)) }?;
         for _ in 0..2 {
-            let again = launch(gpu, &other, c, &inputs, &fwd.out, &fwd.lse, Some(&mut ws))?;
+            let again = launch(gpu, &other, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, Some(&mut ws))?;
             for (g, (a, b)) in first.grads.iter().zip(&again.grads).enumerate() {
                 if bits(&a.raw_f32(&stream)?) != bits(&b.raw_f32(&other)?) {
                     return Err(format!("seed {seed}: deterministic gradient {g} differs between launches").into());

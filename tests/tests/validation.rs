@@ -1,6 +1,6 @@
 //! Every misuse of the forward API gets its own precise error, checked without a GPU
 //! through the planner that `flash_attn_func` runs before any launch.
-use flash_attn3::{Algo, Arg, AttnError, AttnOptions, DType, Layout, Schedule, TensorDesc, plan_forward};
+use flash_attn3::{AlibiDesc, Algo, Arg, AttnError, AttnOptions, DType, Layout, Schedule, TensorDesc, plan_forward};
 use common::fa3::Techniques;
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -16,7 +16,8 @@ struct Call {
     v: TensorDesc,
     out: TensorDesc,
     lse: (u64, usize),
-    opts: AttnOptions,
+    opts: AttnOptions<'static>,
+    alibi: Option<AlibiDesc>,
 }
 
 impl Call {
@@ -34,11 +35,12 @@ impl Call {
             out: packed(q, dtype),
             lse: (BASE, q[0] * q[1] * q[2]),
             opts: AttnOptions::default(),
+            alibi: None,
         }
     }
 
     fn plan(&self) -> Result<flash_attn3::plan::FwdPlan, AttnError> {
-        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, 132)
+        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, self.alibi, 132)
     }
 
     fn err(self) -> AttnError {
@@ -392,7 +394,7 @@ fn multicast_clusters_only_without_a_causal_mask() {
 /// sequences or an ablation variant (which has no multicast kernel).
 #[test]
 fn long_hdim_128_calls_without_a_mask_default_to_multicast() {
-    let cluster = |q: [usize; 4], kv: [usize; 4], opts: AttnOptions| {
+    let cluster = |q: [usize; 4], kv: [usize; 4], opts: AttnOptions<'static>| {
         let mut c = Call::shaped(q, kv, DType::F16);
         c.opts = opts;
         c.plan().unwrap().kernel.cluster
@@ -557,4 +559,34 @@ fn softcap_has_no_fa2_ablation_or_multicast_kernel() {
         c.opts = opts;
         assert!(matches!(c.err(), AttnError::Unsupported(_)), "{opts:?}");
     }
+}
+
+#[test]
+fn alibi_picks_the_alibi_kernel_and_checks_its_slopes() {
+    let slopes = |len, per_batch| Some(AlibiDesc { addr: BASE + (20 << 36), len, per_batch });
+    // 2 x 300 x 8 x 128 queries: 8 slopes, or 16 per (batch, head).
+    for (alibi, stride) in [(slopes(8, false), 0), (slopes(16, true), 8)] {
+        let mut c = Call::good();
+        c.alibi = alibi;
+        let plan = c.plan().unwrap();
+        assert_eq!((plan.kernel.name, plan.kernel.score_mod), ("fa3_fwd_hdim128_bf16_alibi", common::ScoreModKind::Alibi));
+        assert_eq!((plan.params.alibi_slopes, plan.params.alibi_batch_stride), (alibi.unwrap().addr, stride));
+        assert!((plan.params.alibi_inv_scale - 128f32.sqrt()).abs() < 1e-4, "slopes in raw-score units");
+    }
+    for (alibi, needed) in [(slopes(7, false), 8), (slopes(15, true), 16)] {
+        let mut c = Call::good();
+        c.alibi = alibi;
+        assert!(matches!(c.err(), AttnError::OutOfBounds { arg: Arg::AlibiSlopes, needed: n, .. } if n == needed));
+    }
+    let mut c = Call::good();
+    c.alibi = Some(AlibiDesc { addr: BASE + 2, len: 8, per_batch: false });
+    assert!(matches!(c.err(), AttnError::Misaligned { arg: Arg::AlibiSlopes, .. }));
+    let mut c = Call::good();
+    c.alibi = slopes(8, false);
+    c.opts = c.opts.softcap(30.0);
+    assert!(matches!(c.err(), AttnError::Unsupported(_)), "no kernel combines softcap and ALiBi");
+    let mut c = Call::good();
+    c.alibi = slopes(8, false);
+    c.opts = c.opts.softmax_scale(0.0);
+    assert!(matches!(c.err(), AttnError::Unsupported(_)), "ALiBi needs a positive scale");
 }

@@ -26,6 +26,7 @@ fn good(d: usize) -> BwdTensors {
         dk: packed(ks, dt, 7),
         dv: packed(ks, dt, 8),
         workspace: (0x7f00_0000_0000 + (9 << 36), backward_workspace_bytes(2, 300, 8, d)),
+        alibi: None,
     }
 }
 
@@ -186,5 +187,18 @@ fn softcap_backward_uses_the_soft_capping_main_kernel_and_keeps_the_gradient_sca
         }
         assert!(matches!(err(&t, &AttnOptions::default().softcap(-1.0)), AttnError::InvalidSoftcap(_)));
         assert!(matches!(err(&t, &AttnOptions::default().softcap(f32::NAN)), AttnError::InvalidSoftcap(_)));
+    }
+}
+
+#[test]
+fn alibi_backward_uses_the_alibi_main_kernel_and_checks_its_slopes() {
+    for d in [64, 128] {
+        let mut t = good(d);
+        t.alibi = Some(flash_attn3::AlibiDesc { addr: 0x7f00_0000_0000 + (10 << 36), len: 8, per_batch: false });
+        let plan = plan_backward(&t, &AttnOptions::default(), 132).unwrap();
+        assert_eq!(plan.launches[1].kernel.score_mod, common::ScoreModKind::Alibi);
+        assert_eq!(plan.params.alibi_slopes, t.alibi.unwrap().addr);
+        t.alibi = Some(flash_attn3::AlibiDesc { len: 7, ..t.alibi.unwrap() });
+        assert!(matches!(err(&t, &AttnOptions::default()), AttnError::OutOfBounds { arg: Arg::AlibiSlopes, .. }));
     }
 }

@@ -9,7 +9,7 @@ use flash_attn3::bench::{TimingPlan, fwd_flops, time_calls, time_forward};
 use flash_attn3::check::{check, check_backward};
 use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
 use flash_attn3::plot::{self, PlotError, Point};
-use flash_attn3::reference::{AttnResult, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng};
+use flash_attn3::reference::{HostAlibi, AttnResult, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng};
 use flash_attn3::{
     AttnError, AttnOptions, DType, DeviceTensor, Gpu, backward_workspace_bytes, flash_attn_backward, flash_attn_backward_into, flash_attn_func,
     flash_attn_func_into,
@@ -161,6 +161,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         causal,
         scale,
         softcap,
+        alibi,
         output,
         check: do_check,
         backward,
@@ -213,6 +214,11 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     if let Some(c) = softcap {
         opts = opts.softcap(c);
     }
+    let slopes = standard_alibi_slopes(inputs.q.shape[2]);
+    let dev_slopes = stream.clone_htod(&slopes).map_err(AttnError::from)?;
+    if alibi {
+        opts = opts.alibi(&dev_slopes, false);
+    }
     let t0 = Instant::now();
     let res = flash_attn_func(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &opts)?;
     stream.synchronize().map_err(AttnError::from)?;
@@ -257,6 +263,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             causal,
             scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
             softcap,
+            alibi: alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false }),
         };
         let report = check(&p, inputs.dtype, &AttnResult { o, lse });
         println!("check: {report}");
@@ -273,6 +280,11 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// ALiBi's standard slopes for `heads` heads: `2^(-8 (h + 1) / heads)`.
+fn standard_alibi_slopes(heads: usize) -> Vec<f32> {
+    (0..heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32)).collect()
+}
+
 /// The no-GPU path: the tiled FlashAttention algorithm on the CPU against the f64 reference.
 fn cpu_demo(causal: bool, seed: u64, backward: bool) -> CliResult<()> {
     let (b, s, h, d) = (1, 300, 2, 64);
@@ -281,7 +293,7 @@ fn cpu_demo(causal: bool, seed: u64, backward: bool) -> CliResult<()> {
     let q = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let k = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let v = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
-    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap: None, alibi: None };
     let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
     let err = max_abs_err(&tiled.o, &exact.o);
@@ -394,7 +406,11 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
     }
     let (suffix, flops_factor) = a.pass.series_suffix_and_flops();
     // Variants are series of their own: "rust-fa3-softcap-bwd".
-    let suffix = if a.softcap.is_some() { format!("-softcap{suffix}") } else { suffix.to_string() };
+    let suffix = match (a.softcap.is_some(), a.alibi) {
+        (true, _) => format!("-softcap{suffix}"),
+        (false, true) => format!("-alibi{suffix}"),
+        _ => suffix.to_string(),
+    };
     // On stderr, and only where it is a terminal: logs and stdout stay clean.
     let total = hdims.len() * seqlens.len() * causal_modes.len();
     let progress = ProgressBar::new(total as u64).with_style(progress_style());
@@ -412,11 +428,15 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     if causal { "causal" } else { "non-causal" }
                 ));
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
-                let opts = AttnOptions {
+                let slopes = stream.clone_htod(&standard_alibi_slopes(heads)).map_err(AttnError::from)?;
+                let mut opts = AttnOptions {
                     algo,
                     softcap: a.softcap,
                     ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic)
                 };
+                if a.alibi {
+                    opts = opts.alibi(&slopes, false);
+                }
                 // Idle time before each config: with `--warmup-ms 0`, a short burst at the
                 // clock of a cool card, as the anchors and the FA3 paper time (docs/perf.md).
                 std::thread::sleep(std::time::Duration::from_millis(a.cooldown_ms));

@@ -151,6 +151,8 @@ pub fn attention_backward_tiled(
         let s: f32 = dot(p.q.row(b, i, h), p.k.row(b, j, h / group));
         // Soft-capping as the kernel: t = tanh(s · scale / c), P = exp2(t · c log2 e − LSE₂),
         // dS times 1 − t².
+        // ALiBi as the kernel: the bias in raw-score units joins S before the scale.
+        let s = s - p.alibi_bias(b, h, i, j) / p.scale;
         let (pij, grad) = match p.softcap {
             None => (s.mul_add(scale_log2, -lse2[r]).exp2(), 1.0),
             Some(c) => {
@@ -176,6 +178,7 @@ fn backward_naive<T: Real>(p: &Problem<'_>, dout: &HostTensor, fwd: &AttnResult<
         let s: T = dot(p.q.row(b, i, h), p.k.row(b, j, h / group));
         // The logit and its derivative by `scale · s` (1, or 1 − tanh² with soft-capping).
         let (logit, grad) = T::logit(s * scale, p.softcap);
+        let logit = logit - T::of(p.alibi_bias(b, h, i, j));
         let pij = (logit - fwd.lse[r]).exp().rounded(dtype);
         let dp: T = dot(dout.row(b, i, h), p.v.row(b, j, h / group));
         (pij, (pij * (dp - delta[r]) * grad).rounded(dtype))
@@ -260,7 +263,7 @@ fn for_each_key_row<T: Copy + Send + Sync + Default>(
     p: &Problem<'_>,
     row_fn: impl Fn(usize, usize, usize, &mut [T], &mut [T]) + Sync,
 ) -> (Vec<T>, Vec<T>) {
-    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None };
+    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None, alibi: None };
     let d = p.k.shape[3];
     let rows = for_each_row(&keys, |b, kv, j, out: &mut [(T, T)]| {
         let (mut dk, mut dv) = (vec![T::default(); d], vec![T::default(); d]);

@@ -73,6 +73,11 @@ pub struct Consumer<'a, K: BwdTraits> {
 }
 
 impl<K: BwdTraits> Consumer<'_, K> {
+    /// `dPᵀ` is issued after `Pᵀ` is made, so that its accumulator is not held while the
+    /// tanh and its derivative are: with it in flight, hdim 128 spilled. Costs the overlap
+    /// of the exponentials with `dPᵀ` (ALiBi fits without).
+    const LATE_DP: bool = K::SOFTCAP;
+
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
     /// and dV.
@@ -90,14 +95,23 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let lane = self.thread_in_wg % 32;
         let key_row = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
         let mask = KeyRowMask::new(p, key_row);
-        steps.for_each_query_block(#[inline(always)] |m| {
-            let masked = step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
-                || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
-            // Uniform across the CTA; the broadcast lets ptxas see it.
-            let masked = math::shfl_broadcast_u32(masked as u32) != 0;
-            self.step(&mut grads, &mask, m, masked);
+        // ALiBi reads each step's head (its slope) from the step's index.
+        steps.for_each_query_block(#[inline(always)] |step, m| {
+            let h = if K::ALIBI { steps.head_of(step) } else { 0 };
+            self.visit(&mut grads, &mask, h, m)
         });
         grads
+    }
+
+    /// The step of query block `m` of the `h`-th query head, masked or not.
+    #[inline(always)]
+    fn visit(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, h: u32, m: u32) {
+        let p = self.p;
+        let masked = step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
+            || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
+        // Uniform across the CTA; the broadcast lets ptxas see it.
+        let masked = math::shfl_broadcast_u32(masked as u32) != 0;
+        self.step(grads, mask, h, m, masked);
     }
 
     /// `dV += Pᵀ dO` (RS: `Pᵀ` packed in registers, dO MN-major from `do_b`).
@@ -113,9 +127,10 @@ impl<K: BwdTraits> Consumer<'_, K> {
         });
     }
 
-    /// One step: query block `m` (of the query head the producer loaded).
+    /// One step: query block `m` of the CTA's `h`-th query head (the producer loaded it;
+    /// only ALiBi reads `h`).
     #[inline(always)]
-    fn step(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, m: u32, masked: bool) {
+    fn step(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, h: u32, m: u32, masked: bool) {
         let st = self.state;
         let s = &self.storage;
         let (q_slot, do_slot) = (s.q.slot(st.index()), s.dout.slot(st.index()));
@@ -148,10 +163,8 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 }
             })
         };
-        // Soft-capping: dPᵀ is issued after Pᵀ is made, so that its accumulator is not
-        // held while the tanh and its derivative are (with it in flight, hdim 128
-        // spilled).
-        if K::SOFTCAP {
+        // Score modifications: dPᵀ is issued after Pᵀ is made ([`Self::LATE_DP`]).
+        if Self::LATE_DP {
             gemm::wait::<0>(&mut scores);
         } else {
             issue_dp(&mut dp);
@@ -165,6 +178,19 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let (lse, dpsum) = (s.lse_slot::<K>(st.index()), s.dpsum_slot::<K>(st.index()));
         let query0 = (m * K::BLOCK_M) as i32;
         let steps = <<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS;
+        // ALiBi: this lane's two key rows' diagonal queries (query `key − seqlen_k +
+        // seqlen_q` is at distance 0), and the step's head's slope.
+        let (alibi_diag, slope) = if K::ALIBI {
+            let key = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
+            let p = self.p;
+            let head = self.head_k * p.kv_group + h;
+            let at = p.alibi_slopes + 4 * (self.batch as u64 * p.alibi_batch_stride as u64 + head as u64);
+            // SAFETY: the host checked that the slopes array covers every (batch, head).
+            let slope = f32::from_bits(unsafe { crate::ptx::global::ld_nc_u32(at) }) * p.alibi_inv_scale;
+            (key - (p.seqlen_k as i32 - p.seqlen_q as i32) - query0, slope)
+        } else {
+            (0, 0.0)
+        };
         let mut probs = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
         for kb in 0..steps {
             // Soft-capping packs each pair of P as it is made, for dV, and keeps
@@ -183,7 +209,15 @@ impl<K: BwdTraits> Consumer<'_, K> {
                         let i = 2 * r + c;
                         let hidden = masked && query0 + ((col + c as u32) as i32) < mask.min_query[r];
                         // Soft-capping: the score is the tanh; `c` is in `scale_log2`.
-                        let logit = if K::SOFTCAP { math::tanh(sf[i] * self.p.softcap_scale) } else { sf[i] };
+                        // ALiBi: minus the slope times the distance from the diagonal.
+                        let logit = if K::SOFTCAP {
+                            math::tanh(sf[i] * self.p.softcap_scale)
+                        } else if K::ALIBI {
+                            let dist = (alibi_diag + 8 * r as i32 - (col + c as u32) as i32).unsigned_abs() as f32;
+                            math::fma(-slope, dist, sf[i])
+                        } else {
+                            sf[i]
+                        };
                         let prob = if hidden { 0.0 } else { math::exp2(math::fma(logit, self.p.scale_log2, -lse2[c])) };
                         pair[c] = prob;
                         sf[i] = if K::SOFTCAP { prob * math::fma(-logit, logit, 1.0) } else { prob };
@@ -194,7 +228,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
             probs.set_step(kb, if K::SOFTCAP { packed } else { scores.probs_step::<K::Element>(kb) });
         }
         let do_b = mn_major_sw128(do_slot.0, K::BLOCK_M);
-        if K::SOFTCAP {
+        if Self::LATE_DP {
             dp.fence_operand();
             issue_dp(&mut dp);
         }

@@ -24,6 +24,10 @@ pub trait BwdTraits: Copy + 'static {
     /// Soft-capped logits `c · tanh(S · scale / c)` (`common::ScoreModKind::Softcap`):
     /// `P` from them, and `dS` times their derivative `1 − tanh²`.
     const SOFTCAP: bool;
+    /// ALiBi: `S − (slope / scale) · |query + seqlen_k − seqlen_q − key|` before the
+    /// softmax's scale (`common::ScoreModKind::Alibi`); dS is unchanged (the bias does
+    /// not depend on Q or K).
+    const ALIBI: bool;
     /// Query rows per step.
     const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
     /// Keys per CTA.

@@ -370,7 +370,7 @@ pub fn run<K: KernelTraits>(
     let steps = Steps::<K> {
         p,
         mask: K::Mask::new(p, row_g),
-        score_mod: K::ScoreMod::new(p),
+        score_mod: K::ScoreMod::new(p, tile.batch, tile.head),
         n,
         wg_row0,
         row_g,

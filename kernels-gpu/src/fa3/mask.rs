@@ -29,7 +29,8 @@ pub trait Mask: Copy {
 
 /// What is applied to the raw scores `S = Q K^T` (before the softmax scale) of a block.
 pub trait ScoreMod: Copy {
-    fn new(p: &FwdParams) -> Self;
+    /// The modification of query head `head` of batch `batch`.
+    fn new(p: &FwdParams, batch: u32, head: u32) -> Self;
 
     /// Modifies this lane's scores in place (coordinates as for [`Mask::apply`]).
     fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32);
@@ -72,7 +73,7 @@ pub struct NoScoreMod;
 
 impl ScoreMod for NoScoreMod {
     #[inline(always)]
-    fn new(_: &FwdParams) -> Self {
+    fn new(_: &FwdParams, _: u32, _: u32) -> Self {
         NoScoreMod
     }
 
@@ -90,7 +91,7 @@ pub struct Softcap {
 
 impl ScoreMod for Softcap {
     #[inline(always)]
-    fn new(p: &FwdParams) -> Self {
+    fn new(p: &FwdParams, _: u32, _: u32) -> Self {
         Softcap { scale: p.softcap_scale }
     }
 
@@ -100,6 +101,40 @@ impl ScoreMod for Softcap {
             let f = s.frag_mut(j);
             for i in 0..4 {
                 f[i] = crate::ptx::math::tanh(f[i] * self.scale);
+            }
+        }
+    }
+}
+
+/// ALiBi (`common::ScoreModKind::Alibi`): `S − (slope / scale) · |i + seqlen_k − seqlen_q − j|`,
+/// which the softmax's scale turns into the logits `scale · S − slope · |...|`.
+#[derive(Clone, Copy)]
+pub struct Alibi {
+    /// The head's slope in raw-score units.
+    slope: f32,
+    /// `seqlen_k − seqlen_q`: row `i`'s diagonal key.
+    offset: i32,
+}
+
+impl ScoreMod for Alibi {
+    #[inline(always)]
+    fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
+        let at = p.alibi_slopes + 4 * (batch as u64 * p.alibi_batch_stride as u64 + head as u64);
+        // SAFETY: the host checked that the slopes array covers every (batch, head).
+        let slope = f32::from_bits(unsafe { crate::ptx::global::ld_nc_u32(at) });
+        Alibi { slope: slope * p.alibi_inv_scale, offset: p.seqlen_k as i32 - p.seqlen_q as i32 }
+    }
+
+    #[inline(always)]
+    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) {
+        for j in 0..S::FRAGS {
+            let f = s.frag_mut(j);
+            for r in 0..2 {
+                let diag = row_g + 8 * r as i32 + self.offset - col_2t - 8 * j as i32;
+                for c in 0..2 {
+                    let dist = (diag - c as i32).unsigned_abs() as f32;
+                    f[2 * r + c] = crate::ptx::math::fma(-self.slope, dist, f[2 * r + c]);
+                }
             }
         }
     }

@@ -64,6 +64,9 @@ pub struct RunArgs {
     /// Soft-capping: logits c * tanh(scale * QK^T / c)
     #[arg(long, value_name = "C", allow_negative_numbers = true)]
     pub softcap: Option<f32>,
+    /// ALiBi with the standard slopes 2^(-8 (h + 1) / heads)
+    #[arg(long)]
+    pub alibi: bool,
     /// Write o and lse to a safetensors file
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -142,6 +145,9 @@ pub struct BenchArgs {
     /// Soft-capping at C (the soft-capping kernels)
     #[arg(long, value_name = "C")]
     pub softcap: Option<f32>,
+    /// ALiBi with the standard slopes (the ALiBi kernels)
+    #[arg(long)]
+    pub alibi: bool,
     /// Write the results as CSV (impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops)
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
