@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Times PyTorch FlexAttention (`torch.nn.attention.flex_attention` under torch.compile)
+on the variants our kernels have, bf16, forward and backward, causal with a block mask:
+plain causal, soft-capping at 30, ALiBi with the standard slopes 2^(-8 (h + 1) / heads).
+Same timing method as `fa3 bench` and peers.py (steady state: --warmup-ms of sustained
+load, then the median of at least --iters calls spanning --timing-ms). TFLOP/s on visible
+pairs: 4 d per pair forward, 2.5x that backward (`fa3 bench`'s causal count, to 1/seqlen).
+Writes CSV: impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops (impl: flex-VARIANT[-bwd]).
+"""
+import argparse, math, time
+import torch
+from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+
+p = argparse.ArgumentParser()
+p.add_argument("--hdim", type=int, default=128)
+p.add_argument("--seqlen", type=int, default=16384)
+p.add_argument("--heads", type=int, default=16)
+p.add_argument("--warmup-ms", type=int, default=1000)
+p.add_argument("--timing-ms", type=int, default=300)
+p.add_argument("--iters", type=int, default=20)
+p.add_argument("--csv", required=True)
+a = p.parse_args()
+# Without a higher limit dynamo silently falls back to the dense eager path after a few
+# recompiles (one per score_mod).
+torch._dynamo.config.cache_size_limit = 64
+if hasattr(torch._dynamo.config, "recompile_limit"):
+    torch._dynamo.config.recompile_limit = 64
+flex = torch.compile(flex_attention)
+b, h, s, d = 1, a.heads, a.seqlen, a.hdim
+slopes = torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
+mods = {
+    "causal": None,
+    "causal_softcap30": lambda score, bi, hi, qi, ki: 30 * torch.tanh(score / 30),
+    "causal_alibi": lambda score, bi, hi, qi, ki: score - slopes[hi] * (qi - ki).abs(),
+}
+block_mask = create_block_mask(lambda bi, hi, qi, ki: qi >= ki, None, None, s, s, device="cuda")
+pairs = s * (s + 1) // 2
+rows = ["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops"]
+
+
+def timed(call):
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    t0, calls = time.time(), 0
+    while time.time() - t0 < a.warmup_ms / 1000:
+        call()
+        torch.cuda.synchronize()
+        calls += 1
+    per_call = (time.time() - t0) * 1e3 / max(calls, 1)
+    iters = max(a.iters, min(5000, math.ceil(a.timing_ms / per_call)))
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for st, en in ev:
+        st.record()
+        call()
+        en.record()
+    torch.cuda.synchronize()
+    return sorted(st.elapsed_time(en) for st, en in ev)[iters // 2]
+
+
+for name, mod in mods.items():
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    fwd = lambda: flex(q, k, v, score_mod=mod, block_mask=block_mask)
+    o = fwd()
+    bwd = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    for suffix, call, factor in (("", fwd, 1.0), ("-bwd", bwd, 2.5)):
+        ms = timed(call)
+        tf = 4 * d * pairs * b * h * factor / (ms * 1e-3) / 1e12
+        rows.append(f"flex-{name}{suffix},bf16,{d},{s},{b},{h},1,{ms:.4f},{tf:.1f}")
+        print(rows[-1], flush=True)
+open(a.csv, "w").write("\n".join(rows) + "\n")
