@@ -178,7 +178,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         Ok(g) => g,
         Err(e @ (AttnError::NoDriver | AttnError::NoDevice { .. } | AttnError::UnsupportedGpu { .. })) => {
             println!("no usable GPU ({e}); computing a small case on the CPU reference instead (NOT a GPU result)");
-            return cpu_demo(causal, seed, backward);
+            return cpu_demo(causal, softcap, alibi, seed, backward);
         }
         Err(e) => return Err(e.into()),
     };
@@ -286,21 +286,27 @@ fn standard_alibi_slopes(heads: usize) -> Vec<f32> {
 }
 
 /// The no-GPU path: the tiled FlashAttention algorithm on the CPU against the f64 reference.
-fn cpu_demo(causal: bool, seed: u64, backward: bool) -> CliResult<()> {
+fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, seed: u64, backward: bool) -> CliResult<()> {
     let (b, s, h, d) = (1, 300, 2, 64);
     let mut r = rng(seed);
     let dtype = DType::BF16;
     let q = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let k = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let v = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
-    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap: None, alibi: None };
+    if let Some(c) = softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+        return Err(AttnError::InvalidSoftcap(c).into());
+    }
+    let slopes = standard_alibi_slopes(h);
+    let alibi = alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false });
+    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap, alibi };
     let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
     let err = max_abs_err(&tiled.o, &exact.o);
     let lse_err = max_abs_err(&tiled.lse, &exact.lse);
     println!(
-        "CPU reference (no GPU): tiled online-softmax algorithm, {b}x{s}x{h}x{d} bf16 inputs, causal={causal}: \
-         max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}"
+        "CPU reference (no GPU): tiled online-softmax algorithm, {b}x{s}x{h}x{d} bf16 inputs, causal={causal}, \
+         softcap={softcap:?}, alibi={}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
+        p.alibi.is_some()
     );
     if err > 1e-5 || lse_err > 1e-4 {
         return Err(CliError::CheckFailed);
