@@ -72,6 +72,19 @@ pub struct Problem<'a> {
     pub softcap: Option<f32>,
     /// ALiBi: `slope_h · |i + seqlen_k − seqlen_q − j|` subtracted from the logits.
     pub alibi: Option<HostAlibi<'a>>,
+    /// Sliding window (with `causal`, its right edge is at most the diagonal).
+    pub window: Option<Window>,
+}
+
+/// A sliding window, FlashAttention's convention: query row `i` sees key `j` iff
+/// `i + seqlen_k − seqlen_q − left <= j <= i + seqlen_k − seqlen_q + right`; `None` leaves
+/// that side unbounded (`right: Some(0)` is the causal mask).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Keys visible before the row's diagonal.
+    pub left: Option<usize>,
+    /// Keys visible after it.
+    pub right: Option<usize>,
 }
 
 /// ALiBi slopes on the host: `[heads_q]`, or `[batch, heads_q]` when `per_batch`.
@@ -120,14 +133,24 @@ impl Problem<'_> {
         self.softcap.is_some() || self.alibi.is_some()
     }
 
-    /// Number of keys query row `i` sees.
-    pub fn visible_keys(&self, i: usize) -> usize {
-        let (sq, sk) = (self.q.shape[1], self.k.shape[1]);
-        if !self.causal {
-            return sk;
+    /// The keys query row `i` sees: all of them; up to its bottom-right diagonal under the
+    /// causal mask; within the window around the diagonal.
+    pub fn visible_range(&self, i: usize) -> std::ops::Range<usize> {
+        let (sq, sk) = (self.q.shape[1] as i64, self.k.shape[1] as i64);
+        let diag = i as i64 + sk - sq;
+        let (left, mut right) = self.window.map_or((None, None), |w| (w.left, w.right));
+        if self.causal {
+            right = Some(right.map_or(0, |r| r.min(0)));
         }
-        let last = i as i64 + sk as i64 - sq as i64;
-        (last + 1).clamp(0, sk as i64) as usize
+        let lo = left.map_or(0, |l| (diag - l as i64).max(0));
+        let hi = right.map_or(sk, |r| (diag + r as i64 + 1).min(sk));
+        let (lo, hi) = (lo.min(sk) as usize, hi.max(0) as usize);
+        lo..hi.max(lo)
+    }
+
+    /// Whether query row `i` sees key `j`.
+    pub fn sees(&self, i: usize, j: usize) -> bool {
+        self.visible_range(i).contains(&j)
     }
 }
 
@@ -196,18 +219,19 @@ pub fn attention_f64(p: &Problem<'_>) -> AttnResult<f64> {
     let scale = p.scale as f64;
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
-        let n = p.visible_keys(i);
-        if n == 0 {
+        let keys = p.visible_range(i);
+        if keys.is_empty() {
             return f64::INFINITY;
         }
         let q = p.q.row(b, i, h);
-        let s: Vec<f64> = (0..n)
+        let s: Vec<f64> = keys
+            .clone()
             .map(|j| p.logit_f64(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale, b, h, i, j))
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
         let sum: f64 = e.iter().sum();
-        for (j, &ej) in e.iter().enumerate() {
+        for (j, &ej) in keys.zip(&e) {
             let w = ej / sum;
             for (oc, &vc) in o.iter_mut().zip(p.v.row(b, j, hkv)) {
                 *oc += w * vc as f64;
@@ -224,18 +248,19 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
     let (_, _, _, hq, hk, _) = p.dims();
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
-        let n = p.visible_keys(i);
-        if n == 0 {
+        let keys = p.visible_range(i);
+        if keys.is_empty() {
             return f32::INFINITY;
         }
         let q = p.q.row(b, i, h);
-        let s: Vec<f32> = (0..n)
+        let s: Vec<f32> = keys
+            .clone()
             .map(|j| p.logit_f32(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale, b, h, i, j))
             .collect();
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
         let sum: f32 = e.iter().sum();
-        for (j, &ej) in e.iter().enumerate() {
+        for (j, &ej) in keys.zip(&e) {
             let w = round_to(dtype, ej / sum);
             for (oc, &vc) in o.iter_mut().zip(p.v.row(b, j, hkv)) {
                 *oc += w * vc;
@@ -272,30 +297,25 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
     // With a score modification the scores are the logits already (scaled).
     let score_scale = if p.modifies_scores() { 1.0 } else { p.scale };
     let scale_log2 = score_scale * std::f32::consts::LOG2_E;
-    let off = sk as i64 - sq as i64;
     let Tiling { block_m, block_n, lazy_rescale } = tiling;
     let round = |x: f32| p_dtype.map_or(x, |t| round_to(t, x));
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
         let q = p.q.row(b, i, h);
-        // Key tiles this row's query tile visits (the whole tile shares one bound).
+        // Key tiles this row's query tile visits (the whole tile shares them): from the
+        // first row's first visible key to the last row's last (both move right with the
+        // row).
         let m0 = i / block_m * block_m;
-        let n_tiles_total = sk.div_ceil(block_n) as i64;
-        let n_tiles = if p.causal {
-            let last_key = (m0 + block_m - 1) as i64 + off;
-            if last_key < 0 { 0 } else { n_tiles_total.min(last_key / block_n as i64 + 1) }
-        } else {
-            n_tiles_total
-        } as usize;
+        let (lo, hi) = (p.visible_range(m0).start, p.visible_range((m0 + block_m).min(sq) - 1).end);
+        let tiles = if hi > lo { lo / block_n..hi.div_ceil(block_n) } else { 0..0 };
         let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
         let mut acc = vec![0.0f32; d];
-        for t in 0..n_tiles {
+        for t in tiles {
             let cols = t * block_n..((t + 1) * block_n).min(sk);
             let s: Vec<f32> = cols
                 .clone()
                 .map(|j| {
-                    let visible = !p.causal || (j as i64) <= i as i64 + off;
-                    if visible {
+                    if p.sees(i, j) {
                         let dot: f32 = q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum();
                         if p.modifies_scores() { p.logit_f32(dot * p.scale, b, h, i, j) } else { dot }
                     } else {

@@ -8,8 +8,9 @@ use flash_attn3::DType;
 use flash_attn3::reference::backward::{
     BwdTiling, Grads, attention_backward_f64, attention_backward_lowp, attention_backward_tiled,
     causal_first_query_block, visited_block_pairs,
+    query_block_range, rows_seeing,
 };
-use flash_attn3::reference::{HostAlibi, HostTensor, Problem, Tiling, attention_f64, attention_tiled, rng, within_budget};
+use flash_attn3::reference::{HostAlibi, HostTensor, Window, Problem, Tiling, attention_f64, attention_tiled, rng, within_budget};
 use proptest::prelude::*;
 
 /// `N(0, std^2)` values rounded to bf16.
@@ -92,7 +93,7 @@ proptest! {
     /// derivative; with ALiBi (another third, per head or per (batch, head)) the bias
     /// moves P but not dS's formula.
     #[test]
-    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..3, cap in 1.0f32..8.0, slope in 0.01f32..0.5) {
+    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..4, cap in 1.0f32..8.0, slope in 0.01f32..0.5, left in 0usize..6, right in proptest::option::of(0usize..6)) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
@@ -101,7 +102,9 @@ proptest! {
             2 => (None, Some(HostAlibi { slopes: &slopes, per_batch: s.seed % 2 == 1 })),
             _ => (None, None),
         };
-        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi }, &dout);
+        // A sliding window in the last quarter of the cases.
+        let window = (variant == 3).then_some(Window { left: Some(left), right });
+        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window }, &dout);
         const H: f32 = 1.0 / 65536.0;
         for (name, which, g) in [("dQ", 0, &grads.dq), ("dK", 1, &grads.dk), ("dV", 2, &grads.dv)] {
             let x = [&q, &k, &v][which];
@@ -111,7 +114,7 @@ proptest! {
                     t.data[idx] += delta;
                     let mut qkv = [&q, &k, &v];
                     qkv[which] = &t;
-                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi };
+                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi, window };
                     (loss(&p, &dout), t.data[idx] as f64)
                 };
                 let ((l_plus, x_plus), (l_minus, x_minus)) = (at(H), at(-H));
@@ -131,7 +134,7 @@ proptest! {
     /// rows that see no key, from the tiled forward's O and LSE; with soft-capping or
     /// ALiBi too.
     #[test]
-    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..3, cap in 0.5f32..20.0, slope in 0.01f32..1.0) {
+    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..4, cap in 0.5f32..20.0, slope in 0.01f32..1.0, left in proptest::option::of(0usize..40), right in proptest::option::of(0usize..40)) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
@@ -140,7 +143,8 @@ proptest! {
             2 => (None, Some(HostAlibi { slopes: &slopes, per_batch: s.seed % 2 == 1 })),
             _ => (None, None),
         };
-        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi };
+        let window = (variant == 3).then_some(Window { left, right });
+        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window };
         let exact = attention_backward_f64(&p, &dout);
         let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
         let tiled = attention_backward_tiled(&p, &dout, &fwd.o, &fwd.lse, tiling, None);
@@ -234,7 +238,7 @@ fn lowp_backward_error_is_small_but_nonzero() {
         for dtype in DType::ALL {
             let (sq, sk, causal) = [(48, 48, false), (48, 48, true), (33, 70, true), (70, 33, false)][seed as usize];
             let [q, k, v, dout] = inputs(1, sq, sk, 4, 2, 32, dtype, seed);
-            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None };
+            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None, window: None };
             let exact = attention_backward_f64(&p, &dout);
             let errs = rel_errs(&attention_backward_lowp(&p, &dout, dtype), &exact);
             let [eq, ek, ev] = errs;
@@ -262,7 +266,7 @@ fn tiled_lowp_backward_is_within_twice_the_naive_error() {
         for (case, &(sq, sk, causal)) in shapes.iter().enumerate() {
             for seed in 0..3u64 {
                 let [q, k, v, dout] = inputs(1, sq, sk, 2, 1, 64, dtype, seed * 16 + case as u64);
-                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None };
+                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None, window: None };
                 let exact = attention_backward_f64(&p, &dout);
                 let naive = attention_backward_lowp(&p, &dout, dtype).max_abs_err(&exact);
                 for tiling in tilings {
@@ -313,7 +317,7 @@ fn rows_without_keys_give_zero_dq_and_add_nothing_to_dk_dv() {
     let (q2, dout2) = (garble(&q, 77), garble(&dout, 78));
     let odd_tiles = BwdTiling { block_m: 3, block_n: 16 };
     let run = |q: &HostTensor, dout: &HostTensor| -> Vec<Grads<f64>> {
-        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None };
+        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None };
         let fwd = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
         assert!(fwd.lse.iter().enumerate().all(|(r, &l)| (r % sq < empty_rows) == (l == f32::INFINITY)));
         let widen = |g: Grads<f32>| Grads {
@@ -341,5 +345,33 @@ fn rows_without_keys_give_zero_dq_and_add_nothing_to_dk_dv() {
         }
         assert!(max_abs(&g.dq) > 0.0 && max_abs(&g.dk) > 0.0);
         assert_eq!((&g.dk, &g.dv), (&g2.dk, &g2.dv), "dK/dV moved with the q or dO of rows without keys");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// With a sliding window, a key block is visited by exactly the query blocks that
+    /// have a row seeing one of its keys (`query_block_range`, from the block's first
+    /// and last keys), and a key's rows are exactly those whose band holds it.
+    #[test]
+    fn window_block_ranges_are_exactly_the_blocks_some_query_sees(
+        sq in 1usize..120, sk in 1usize..120, block_m in 1usize..40, block_n in 1usize..40,
+        causal in any::<bool>(), left in proptest::option::of(0usize..50), right in proptest::option::of(0usize..50),
+    ) {
+        let (q, k) = (HostTensor::new([1, sq, 1, 1], vec![0.0; sq]), HostTensor::new([1, sk, 1, 1], vec![0.0; sk]));
+        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(Window { left, right }) };
+        for j in 0..sk {
+            let want: Vec<usize> = (0..sq).filter(|&i| p.sees(i, j)).collect();
+            prop_assert_eq!(rows_seeing(&p, j).collect::<Vec<_>>(), want, "key {}", j);
+        }
+        let tiling = BwdTiling { block_m, block_n };
+        for n in 0..sk.div_ceil(block_n) {
+            let keys = n * block_n..((n + 1) * block_n).min(sk);
+            let want: Vec<usize> = (0..sq.div_ceil(block_m))
+                .filter(|&m| (m * block_m..((m + 1) * block_m).min(sq)).any(|i| keys.clone().any(|j| p.sees(i, j))))
+                .collect();
+            prop_assert_eq!(query_block_range(&p, n, tiling).collect::<Vec<_>>(), want, "key block {}", n);
+        }
     }
 }
