@@ -76,6 +76,11 @@ pub struct Problem<'a> {
     pub window: Option<Window>,
 }
 
+/// ALiBi's standard slopes for `heads` heads (Press et al.): `2^(-8 (h + 1) / heads)`.
+pub fn standard_alibi_slopes(heads: usize) -> Vec<f32> {
+    (0..heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32)).collect()
+}
+
 /// A sliding window, FlashAttention's convention: query row `i` sees key `j` iff
 /// `i + seqlen_k − seqlen_q − left <= j <= i + seqlen_k − seqlen_q + right`; `None` leaves
 /// that side unbounded (`right: Some(0)` is the causal mask).

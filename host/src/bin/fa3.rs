@@ -9,7 +9,9 @@ use flash_attn3::bench::{TimingPlan, fwd_flops, time_calls, time_forward};
 use flash_attn3::check::{check, check_backward};
 use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
 use flash_attn3::plot::{self, PlotError, Point};
-use flash_attn3::reference::{HostAlibi, AttnResult, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng};
+use flash_attn3::reference::{
+    AttnResult, HostAlibi, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng, standard_alibi_slopes,
+};
 use flash_attn3::{
     AttnError, AttnOptions, DType, DeviceTensor, Gpu, backward_workspace_bytes, flash_attn_backward, flash_attn_backward_into, flash_attn_func,
     flash_attn_func_into,
@@ -214,10 +216,11 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     if let Some(c) = softcap {
         opts = opts.softcap(c);
     }
+    // Uploaded only for --alibi (they stay on the host for --check).
     let slopes = standard_alibi_slopes(inputs.q.shape[2]);
-    let dev_slopes = stream.clone_htod(&slopes).map_err(AttnError::from)?;
-    if alibi {
-        opts = opts.alibi(&dev_slopes, false);
+    let dev_slopes = if alibi { Some(stream.clone_htod(&slopes).map_err(AttnError::from)?) } else { None };
+    if let Some(dev) = &dev_slopes {
+        opts = opts.alibi(dev, false);
     }
     let t0 = Instant::now();
     let res = flash_attn_func(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &opts)?;
@@ -279,11 +282,6 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         }
     }
     Ok(())
-}
-
-/// ALiBi's standard slopes for `heads` heads: `2^(-8 (h + 1) / heads)`.
-fn standard_alibi_slopes(heads: usize) -> Vec<f32> {
-    (0..heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32)).collect()
 }
 
 /// The no-GPU path: the tiled FlashAttention algorithm on the CPU against the f64 reference.
@@ -435,14 +433,14 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     if causal { "causal" } else { "non-causal" }
                 ));
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
-                let slopes = stream.clone_htod(&standard_alibi_slopes(heads)).map_err(AttnError::from)?;
+                let slopes = if a.alibi { Some(stream.clone_htod(&standard_alibi_slopes(heads)).map_err(AttnError::from)?) } else { None };
                 let mut opts = AttnOptions {
                     algo,
                     softcap: a.softcap,
                     ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic)
                 };
-                if a.alibi {
-                    opts = opts.alibi(&slopes, false);
+                if let Some(dev) = &slopes {
+                    opts = opts.alibi(dev, false);
                 }
                 // Idle time before each config: with `--warmup-ms 0`, a short burst at the
                 // clock of a cool card, as the anchors and the FA3 paper time (docs/perf.md).

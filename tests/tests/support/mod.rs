@@ -63,10 +63,11 @@ pub fn gpu_trial(name: impl Into<String>, gpu: &Option<Arc<Gpu>>, test: impl FnO
     .with_ignored_flag(ignored)
 }
 
-/// ALiBi's standard slopes `2^(-8 (h + 1) / heads)`, per head, or per (batch, head) with
-/// each batch's scaled differently.
+/// ALiBi's standard slopes (`reference::standard_alibi_slopes`), per head, or per (batch,
+/// head) with batch `b`'s scaled by `1 + b / 2`.
 pub fn alibi_slopes(batch: usize, heads: usize, per_batch: bool) -> Vec<f32> {
-    let per_head = |b: usize| (0..heads).map(move |h| (2f32).powf(-8.0 * (h + 1) as f32 / heads as f32) * (1.0 + 0.5 * b as f32));
-    if per_batch { (0..batch).flat_map(per_head).collect() } else { per_head(0).collect() }
+    let standard = flash_attn3::reference::standard_alibi_slopes(heads);
+    let per_head = |b: usize| standard.iter().map(move |s| s * (1.0 + 0.5 * b as f32)).collect::<Vec<_>>();
+    if per_batch { (0..batch).flat_map(per_head).collect() } else { per_head(0) }
 }
 
