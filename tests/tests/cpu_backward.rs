@@ -71,6 +71,17 @@ fn alibi_slopes(batch: usize, heads: usize, slope: f32, per_batch: bool) -> Vec<
     if per_batch { (0..batch).flat_map(per_head).collect() } else { per_head(0).collect() }
 }
 
+/// The attention variant of case number `variant`: 0 plain, 1 soft-capped at `cap`,
+/// 2 ALiBi with `slopes`, 3 the sliding `window`.
+fn variant_of(variant: u8, cap: f32, slopes: &[f32], per_batch: bool, window: Window) -> (Option<f32>, Option<HostAlibi<'_>>, Option<Window>) {
+    match variant {
+        1 => (Some(cap), None, None),
+        2 => (None, Some(HostAlibi { slopes, per_batch }), None),
+        3 => (None, None, Some(window)),
+        _ => (None, None, None),
+    }
+}
+
 proptest! {
     // Each case runs two f64 forwards per input entry (up to ~1700 entries): 48 cases take
     // about 3 s.
@@ -97,13 +108,8 @@ proptest! {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
-        let (softcap, alibi) = match variant {
-            1 => (Some(cap), None),
-            2 => (None, Some(HostAlibi { slopes: &slopes, per_batch: s.seed % 2 == 1 })),
-            _ => (None, None),
-        };
         // A sliding window in the last quarter of the cases.
-        let window = (variant == 3).then_some(Window { left: Some(left), right });
+        let (softcap, alibi, window) = variant_of(variant, cap, &slopes, s.seed % 2 == 1, Window { left: Some(left), right });
         let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window }, &dout);
         const H: f32 = 1.0 / 65536.0;
         for (name, which, g) in [("dQ", 0, &grads.dq), ("dK", 1, &grads.dk), ("dV", 2, &grads.dv)] {
@@ -138,12 +144,7 @@ proptest! {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
-        let (softcap, alibi) = match variant {
-            1 => (Some(cap), None),
-            2 => (None, Some(HostAlibi { slopes: &slopes, per_batch: s.seed % 2 == 1 })),
-            _ => (None, None),
-        };
-        let window = (variant == 3).then_some(Window { left, right });
+        let (softcap, alibi, window) = variant_of(variant, cap, &slopes, s.seed % 2 == 1, Window { left, right });
         let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window };
         let exact = attention_backward_f64(&p, &dout);
         let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
