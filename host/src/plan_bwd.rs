@@ -168,7 +168,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);
     let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32);
     let ws_addr = t.workspace.0;
-    let params = BwdParams {
+    let mut params = BwdParams {
         q: t.q.addr,
         k: t.k.addr,
         v: t.v.addr,
@@ -214,7 +214,6 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
     };
-    let mut params = params;
     if let Some(a) = t.alibi {
         let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;
         params.alibi_slopes = a.addr;
