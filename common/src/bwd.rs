@@ -327,10 +327,8 @@ pub struct BwdParams {
     /// Non-zero: causal (bottom-right).
     pub causal: u32,
     /// Soft-capping kernels: `softmax_scale / c` (as `FwdParams::softcap_scale`; here
-    /// `softmax_scale` stays the call's scale, by which dQ and dK are multiplied), and
-    /// `1 / scale_log2`, which turns `log2 P + LSE₂` back into the tanh.
+    /// `softmax_scale` stays the call's scale, by which dQ and dK are multiplied).
     pub softcap_scale: f32,
-    pub softcap_inv_scale_log2: f32,
     /// ALiBi kernels: as `FwdParams::alibi_slopes` and the fields after it.
     pub alibi_slopes: u64,
     pub alibi_batch_stride: u32,

@@ -209,7 +209,6 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         softmax_scale: scale,
         causal: opts.causal as u32,
         softcap_scale: 0.0,
-        softcap_inv_scale_log2: 0.0,
         alibi_slopes: 0,
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
@@ -225,7 +224,6 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         // dQ and dK keep the call's scale (the logits' derivative is scale · (1 − tanh²)).
         params.softcap_scale = scale / cap;
         params.scale_log2 = cap * std::f32::consts::LOG2_E;
-        params.softcap_inv_scale_log2 = 1.0 / params.scale_log2;
     }
     let (b, hq, hk) = (batch as u32, heads_q as u32, heads_k as u32);
     let aux = |kernel, rows: u32| Launch { kernel, grid: (rows.div_ceil(bwd::PREPROCESS_ROWS), hq, b), block: bwd::AUX_THREADS, smem_bytes: 0 };
