@@ -14,6 +14,7 @@
 //! Two consumer warpgroups each own 64 of the block's keys (FA3's "swapAB": the score
 //! accumulator's rows are keys, so `Pᵀ` and `dSᵀ` are already the register A operands
 //! of the dV and dK products); a producer warpgroup issues the TMA loads.
+use crate::window::KeyWindow;
 use crate::{DType, KernelEntry, Strides};
 
 /// Keys per CTA: two consumer warpgroups of 64.
@@ -100,7 +101,8 @@ pub enum DqOrder {
 }
 
 impl DqOrder {
-    /// The order of a call.
+    /// The order of a call (`causal`: any mask that narrows the query blocks a key block
+    /// sees, a window's too, which rules out [`DqOrder::Rotated`]).
     pub const fn choose(deterministic: bool, causal: bool, query_blocks: u32, key_blocks: u32, sm_count: u32) -> DqOrder {
         if !deterministic {
             DqOrder::Unordered
@@ -120,24 +122,26 @@ impl DqOrder {
         }
     }
 
-    /// The query block of the `i`-th step (of `blocks - first`) over one query head of
-    /// the CTA of key block `n`, which sees query blocks `first..blocks`.
+    /// The query block of the `i`-th step (of `end - first`) over one query head of the
+    /// CTA of key block `n`, which sees query blocks `first..end` (`end` is every query
+    /// block for [`DqOrder::Rotated`]).
     #[inline(always)]
-    pub const fn query_block(self, i: u32, n: u32, first: u32, blocks: u32) -> u32 {
+    pub const fn query_block(self, i: u32, n: u32, first: u32, end: u32) -> u32 {
         match self {
             // first = 0 and n < key_blocks <= blocks: one subtraction wraps it.
             DqOrder::Rotated => {
                 let m = i + n;
-                if m >= blocks { m - blocks } else { m }
+                if m >= end { m - end } else { m }
             }
             _ => first + i,
         }
     }
 
     /// How many CTAs add to query block `m`'s dQ before the CTA of key block `n` does
-    /// (deterministic orders only).
+    /// (deterministic orders only). `window`: the local kernels' window, whose query
+    /// blocks see a range of key blocks that ends where the window's does.
     #[inline(always)]
-    pub const fn turn(self, n: u32, m: u32, causal: bool, block_m: u32, seqlen_q: u32, seqlen_k: u32) -> u32 {
+    pub const fn turn(self, n: u32, m: u32, causal: bool, block_m: u32, seqlen_q: u32, seqlen_k: u32, window: Option<&KeyWindow>) -> u32 {
         let key_blocks = seqlen_k.div_ceil(BLOCK_N);
         match self {
             // Arrival order at m: min(m, key_blocks - 1), then down, going round.
@@ -145,43 +149,49 @@ impl DqOrder {
                 let t = if m < key_blocks { m } else { key_blocks - 1 } + key_blocks - n;
                 if t >= key_blocks { t - key_blocks } else { t }
             }
-            _ => key_blocks_seeing(causal, m, block_m, BLOCK_N, seqlen_q, seqlen_k) - 1 - n,
+            _ => {
+                let end = match window {
+                    Some(w) => w.key_blocks_end((m * block_m) as i32, block_m, BLOCK_N, seqlen_q, seqlen_k),
+                    None => key_blocks_seeing(causal, m, block_m, BLOCK_N, seqlen_q, seqlen_k),
+                };
+                end - 1 - n
+            }
         }
     }
 }
 
 /// The steps of the main kernel's CTA of key block `n`, in order: for each query head of
-/// its K/V head (`h` of `kv_group`), the query blocks that see its keys, in the
-/// [`DqOrder`]'s order. The producer, the consumers and the dQ writer walk it alike.
+/// its K/V head (`h` of `kv_group`), the query blocks that see its keys (`first..end`), in
+/// the [`DqOrder`]'s order. The producer, the consumers and the dQ writer walk it alike.
 #[derive(Clone, Copy)]
 pub struct CtaSteps {
     order: DqOrder,
     n: u32,
     first: u32,
-    blocks: u32,
+    end: u32,
     kv_group: u32,
 }
 
 impl CtaSteps {
+    /// `local`: the kernel's mask is the window of `p` ([`crate::MaskKind::Local`]).
     #[inline(always)]
-    pub fn new(p: &BwdParams, n: u32, block_m: u32) -> Self {
-        CtaSteps {
-            order: p.dq_order(),
-            n,
-            first: first_query_block(p.causal != 0, n, block_m, BLOCK_N, p.seqlen_q, p.seqlen_k),
-            blocks: p.query_blocks(block_m),
-            kv_group: p.kv_group,
-        }
+    pub fn new(p: &BwdParams, n: u32, block_m: u32, local: bool) -> Self {
+        let (first, end) = if local {
+            p.window.query_blocks(n, BLOCK_N, block_m, p.seqlen_q, p.seqlen_k)
+        } else {
+            (first_query_block(p.causal != 0, n, block_m, BLOCK_N, p.seqlen_q, p.seqlen_k), p.query_blocks(block_m))
+        };
+        CtaSteps { order: p.dq_order_of(local), n, first, end, kv_group: p.kv_group }
     }
 
     /// No query block sees the CTA's keys (its dK and dV are zero).
     #[inline(always)]
     pub fn is_empty(&self) -> bool {
-        self.first >= self.blocks
+        self.first >= self.end
     }
 
     /// Calls `f(m)` for every step, the query block alone: the same walk as
-    /// [`CtaSteps::for_each`] as one cycle through `first..blocks` (each head's order
+    /// [`CtaSteps::for_each`] as one cycle through `first..end` (each head's order
     /// continues where the previous one ended), which keeps one counter fewer live (the
     /// consumers, whose registers are all taken, need no head index).
     /// `f(step, m)`: the step's index too, from which [`CtaSteps::head_of`] derives its head.
@@ -190,11 +200,11 @@ impl CtaSteps {
         if self.is_empty() {
             return;
         }
-        let mut m = self.order.query_block(0, self.n, self.first, self.blocks);
-        for step in 0..self.kv_group * (self.blocks - self.first) {
+        let mut m = self.order.query_block(0, self.n, self.first, self.end);
+        for step in 0..self.kv_group * (self.end - self.first) {
             f(step, m);
             m += 1;
-            if m == self.blocks {
+            if m == self.end {
                 m = self.first;
             }
         }
@@ -203,7 +213,7 @@ impl CtaSteps {
     /// The query head (`h` of `kv_group`) of step `step` of the walk.
     #[inline(always)]
     pub fn head_of(&self, step: u32) -> u32 {
-        step / (self.blocks - self.first)
+        step / (self.end - self.first)
     }
 
     /// Calls `f(h, m)` for every step.
@@ -213,8 +223,8 @@ impl CtaSteps {
             return;
         }
         for h in 0..self.kv_group {
-            for i in 0..self.blocks - self.first {
-                f(h, self.order.query_block(i, self.n, self.first, self.blocks));
+            for i in 0..self.end - self.first {
+                f(h, self.order.query_block(i, self.n, self.first, self.end));
             }
         }
     }
@@ -333,6 +343,8 @@ pub struct BwdParams {
     pub alibi_slopes: u64,
     pub alibi_batch_stride: u32,
     pub alibi_inv_scale: f32,
+    /// Local kernels: the window, as `FwdParams::window`.
+    pub window: crate::window::KeyWindow,
 }
 
 impl BwdParams {
@@ -349,6 +361,18 @@ impl BwdParams {
             1 => DqOrder::Rotated,
             2 => DqOrder::Descending,
             _ => DqOrder::Unordered,
+        }
+    }
+
+    /// The call's [`DqOrder`] in a kernel with (`local`) or without a sliding window:
+    /// the host never gives a window the rotated order, and saying so at compile time
+    /// keeps its code out of the 24-register dQ writer.
+    #[inline(always)]
+    pub fn dq_order_of(&self, local: bool) -> DqOrder {
+        match self.dq_order {
+            1 if !local => DqOrder::Rotated,
+            0 => DqOrder::Unordered,
+            _ => DqOrder::Descending,
         }
     }
 
@@ -383,50 +407,74 @@ impl BwdStage {
     }
 }
 
-/// The backward kernel table, written once: `callback! { NAME => DTYPE, hdim D, STAGE; ... }`
+/// The backward kernel table, written once: `callback! { NAME => DTYPE, hdim D, STAGE, SCORE_MOD, MASK; ... }`
 /// builds both [`KERNELS`] (the host's list) and the kernel crate's entry points.
 #[macro_export]
 macro_rules! bwd_kernel_table {
     ($callback:ident) => {
         $callback! {
-            bwd_preprocess_hdim64_f16 => F16, hdim 64, Preprocess, None;
-            bwd_preprocess_hdim128_f16 => F16, hdim 128, Preprocess, None;
-            bwd_preprocess_hdim64_bf16 => BF16, hdim 64, Preprocess, None;
-            bwd_preprocess_hdim128_bf16 => BF16, hdim 128, Preprocess, None;
-            bwd_hdim64_f16 => F16, hdim 64, Main, None;
-            bwd_hdim128_f16 => F16, hdim 128, Main, None;
-            bwd_hdim64_bf16 => BF16, hdim 64, Main, None;
-            bwd_hdim128_bf16 => BF16, hdim 128, Main, None;
-            bwd_hdim64_f16_deterministic => F16, hdim 64, MainDeterministic, None;
-            bwd_hdim128_f16_deterministic => F16, hdim 128, MainDeterministic, None;
-            bwd_hdim64_bf16_deterministic => BF16, hdim 64, MainDeterministic, None;
-            bwd_hdim128_bf16_deterministic => BF16, hdim 128, MainDeterministic, None;
-            bwd_postprocess_hdim64_f16 => F16, hdim 64, Postprocess, None;
-            bwd_postprocess_hdim128_f16 => F16, hdim 128, Postprocess, None;
-            bwd_postprocess_hdim64_bf16 => BF16, hdim 64, Postprocess, None;
-            bwd_postprocess_hdim128_bf16 => BF16, hdim 128, Postprocess, None;
-            bwd_hdim64_f16_softcap => F16, hdim 64, Main, Softcap;
-            bwd_hdim64_f16_deterministic_softcap => F16, hdim 64, MainDeterministic, Softcap;
-            bwd_hdim64_bf16_softcap => BF16, hdim 64, Main, Softcap;
-            bwd_hdim64_bf16_deterministic_softcap => BF16, hdim 64, MainDeterministic, Softcap;
-            bwd_hdim128_f16_softcap => F16, hdim 128, Main, Softcap;
-            bwd_hdim128_f16_deterministic_softcap => F16, hdim 128, MainDeterministic, Softcap;
-            bwd_hdim128_bf16_softcap => BF16, hdim 128, Main, Softcap;
-            bwd_hdim128_bf16_deterministic_softcap => BF16, hdim 128, MainDeterministic, Softcap;
-            bwd_hdim64_f16_alibi => F16, hdim 64, Main, Alibi;
-            bwd_hdim64_f16_deterministic_alibi => F16, hdim 64, MainDeterministic, Alibi;
-            bwd_hdim64_bf16_alibi => BF16, hdim 64, Main, Alibi;
-            bwd_hdim64_bf16_deterministic_alibi => BF16, hdim 64, MainDeterministic, Alibi;
-            bwd_hdim128_f16_alibi => F16, hdim 128, Main, Alibi;
-            bwd_hdim128_f16_deterministic_alibi => F16, hdim 128, MainDeterministic, Alibi;
-            bwd_hdim128_bf16_alibi => BF16, hdim 128, Main, Alibi;
-            bwd_hdim128_bf16_deterministic_alibi => BF16, hdim 128, MainDeterministic, Alibi;
+            bwd_preprocess_hdim64_f16 => F16, hdim 64, Preprocess, None, Causal;
+            bwd_preprocess_hdim128_f16 => F16, hdim 128, Preprocess, None, Causal;
+            bwd_preprocess_hdim64_bf16 => BF16, hdim 64, Preprocess, None, Causal;
+            bwd_preprocess_hdim128_bf16 => BF16, hdim 128, Preprocess, None, Causal;
+            bwd_hdim64_f16 => F16, hdim 64, Main, None, Causal;
+            bwd_hdim128_f16 => F16, hdim 128, Main, None, Causal;
+            bwd_hdim64_bf16 => BF16, hdim 64, Main, None, Causal;
+            bwd_hdim128_bf16 => BF16, hdim 128, Main, None, Causal;
+            bwd_hdim64_f16_deterministic => F16, hdim 64, MainDeterministic, None, Causal;
+            bwd_hdim128_f16_deterministic => F16, hdim 128, MainDeterministic, None, Causal;
+            bwd_hdim64_bf16_deterministic => BF16, hdim 64, MainDeterministic, None, Causal;
+            bwd_hdim128_bf16_deterministic => BF16, hdim 128, MainDeterministic, None, Causal;
+            bwd_postprocess_hdim64_f16 => F16, hdim 64, Postprocess, None, Causal;
+            bwd_postprocess_hdim128_f16 => F16, hdim 128, Postprocess, None, Causal;
+            bwd_postprocess_hdim64_bf16 => BF16, hdim 64, Postprocess, None, Causal;
+            bwd_postprocess_hdim128_bf16 => BF16, hdim 128, Postprocess, None, Causal;
+            bwd_hdim64_f16_softcap => F16, hdim 64, Main, Softcap, Causal;
+            bwd_hdim64_f16_deterministic_softcap => F16, hdim 64, MainDeterministic, Softcap, Causal;
+            bwd_hdim64_bf16_softcap => BF16, hdim 64, Main, Softcap, Causal;
+            bwd_hdim64_bf16_deterministic_softcap => BF16, hdim 64, MainDeterministic, Softcap, Causal;
+            bwd_hdim128_f16_softcap => F16, hdim 128, Main, Softcap, Causal;
+            bwd_hdim128_f16_deterministic_softcap => F16, hdim 128, MainDeterministic, Softcap, Causal;
+            bwd_hdim128_bf16_softcap => BF16, hdim 128, Main, Softcap, Causal;
+            bwd_hdim128_bf16_deterministic_softcap => BF16, hdim 128, MainDeterministic, Softcap, Causal;
+            bwd_hdim64_f16_alibi => F16, hdim 64, Main, Alibi, Causal;
+            bwd_hdim64_f16_deterministic_alibi => F16, hdim 64, MainDeterministic, Alibi, Causal;
+            bwd_hdim64_bf16_alibi => BF16, hdim 64, Main, Alibi, Causal;
+            bwd_hdim64_bf16_deterministic_alibi => BF16, hdim 64, MainDeterministic, Alibi, Causal;
+            bwd_hdim128_f16_alibi => F16, hdim 128, Main, Alibi, Causal;
+            bwd_hdim128_f16_deterministic_alibi => F16, hdim 128, MainDeterministic, Alibi, Causal;
+            bwd_hdim128_bf16_alibi => BF16, hdim 128, Main, Alibi, Causal;
+            bwd_hdim128_bf16_deterministic_alibi => BF16, hdim 128, MainDeterministic, Alibi, Causal;
+            bwd_hdim64_f16_local => F16, hdim 64, Main, None, Local;
+            bwd_hdim128_f16_local => F16, hdim 128, Main, None, Local;
+            bwd_hdim64_bf16_local => BF16, hdim 64, Main, None, Local;
+            bwd_hdim128_bf16_local => BF16, hdim 128, Main, None, Local;
+            bwd_hdim64_f16_deterministic_local => F16, hdim 64, MainDeterministic, None, Local;
+            bwd_hdim128_f16_deterministic_local => F16, hdim 128, MainDeterministic, None, Local;
+            bwd_hdim64_bf16_deterministic_local => BF16, hdim 64, MainDeterministic, None, Local;
+            bwd_hdim128_bf16_deterministic_local => BF16, hdim 128, MainDeterministic, None, Local;
+            bwd_hdim64_f16_softcap_local => F16, hdim 64, Main, Softcap, Local;
+            bwd_hdim64_f16_deterministic_softcap_local => F16, hdim 64, MainDeterministic, Softcap, Local;
+            bwd_hdim64_bf16_softcap_local => BF16, hdim 64, Main, Softcap, Local;
+            bwd_hdim64_bf16_deterministic_softcap_local => BF16, hdim 64, MainDeterministic, Softcap, Local;
+            bwd_hdim128_f16_softcap_local => F16, hdim 128, Main, Softcap, Local;
+            bwd_hdim128_f16_deterministic_softcap_local => F16, hdim 128, MainDeterministic, Softcap, Local;
+            bwd_hdim128_bf16_softcap_local => BF16, hdim 128, Main, Softcap, Local;
+            bwd_hdim128_bf16_deterministic_softcap_local => BF16, hdim 128, MainDeterministic, Softcap, Local;
+            bwd_hdim64_f16_alibi_local => F16, hdim 64, Main, Alibi, Local;
+            bwd_hdim64_f16_deterministic_alibi_local => F16, hdim 64, MainDeterministic, Alibi, Local;
+            bwd_hdim64_bf16_alibi_local => BF16, hdim 64, Main, Alibi, Local;
+            bwd_hdim64_bf16_deterministic_alibi_local => BF16, hdim 64, MainDeterministic, Alibi, Local;
+            bwd_hdim128_f16_alibi_local => F16, hdim 128, Main, Alibi, Local;
+            bwd_hdim128_f16_deterministic_alibi_local => F16, hdim 128, MainDeterministic, Alibi, Local;
+            bwd_hdim128_bf16_alibi_local => BF16, hdim 128, Main, Alibi, Local;
+            bwd_hdim128_bf16_deterministic_alibi_local => BF16, hdim 128, MainDeterministic, Alibi, Local;
         }
     };
 }
 
 macro_rules! bwd_entries {
-    ($($name:ident => $dtype:ident, hdim $hdim:literal, $stage:ident, $score_mod:ident;)*) => {
+    ($($name:ident => $dtype:ident, hdim $hdim:literal, $stage:ident, $score_mod:ident, $mask:ident;)*) => {
         &[$(KernelEntry {
             name: stringify!($name),
             algo: crate::Algo::Fa3(crate::fa3::Techniques::FULL),
@@ -439,6 +487,7 @@ macro_rules! bwd_entries {
             consumer_wgs: if BwdStage::$stage.is_main() { MMA_WGS } else { 0 },
             block_n: if BwdStage::$stage.is_main() { BLOCK_N } else { 0 },
             score_mod: crate::ScoreModKind::$score_mod,
+            mask: crate::MaskKind::$mask,
         },)*]
     };
 }
@@ -448,9 +497,11 @@ pub const KERNELS: &[KernelEntry] = bwd_kernel_table!(bwd_entries);
 
 /// Looks up a backward kernel (the preprocess and postprocess serve every score
 /// modification).
-pub fn find(stage: BwdStage, hdim: u32, dtype: DType, score_mod: crate::ScoreModKind) -> Option<&'static KernelEntry> {
-    let score_mod = if stage.is_main() { score_mod } else { crate::ScoreModKind::None };
-    KERNELS.iter().find(|k| k.kind == crate::KernelKind::Backward(stage) && k.hdim == hdim && k.dtype == dtype && k.score_mod == score_mod)
+pub fn find(stage: BwdStage, hdim: u32, dtype: DType, score_mod: crate::ScoreModKind, mask: crate::MaskKind) -> Option<&'static KernelEntry> {
+    let (score_mod, mask) = if stage.is_main() { (score_mod, mask) } else { (crate::ScoreModKind::None, crate::MaskKind::Causal) };
+    KERNELS.iter().find(|k| {
+        k.kind == crate::KernelKind::Backward(stage) && k.hdim == hdim && k.dtype == dtype && k.score_mod == score_mod && k.mask == mask
+    })
 }
 
 /// The dynamic shared memory of the main kernel, from its (1024 B aligned) base:
@@ -525,39 +576,59 @@ mod tests {
     /// it are 0, 1, ... in the order they arrive; a CTA's predecessor arrives no later
     /// (strictly earlier for the rotated order, which has no ties), and under the
     /// descending order was launched earlier, so no CTA waits for one that cannot run.
+    /// With and without a sliding window.
     #[test]
     fn deterministic_dq_turns_follow_arrival_and_launch_order() {
         let bm = block_m(128);
+        let windows = [None, Some((Some(0), Some(0))), Some((Some(100), Some(0))), Some((Some(1000), None)), Some((None, Some(300))), Some((Some(64), Some(64)))];
         for causal in [false, true] {
             for (sq, sk) in [(1u32, 1u32), (64, 128), (700, 1000), (1000, 700), (8192, 8192), (4096, 8192), (8192, 1000), (200, 5000), (5000, 129)] {
-                let (blocks, nb) = (sq.div_ceil(bm), sk.div_ceil(BLOCK_N));
-                for sms in [132, 8] {
-                    let order = DqOrder::choose(true, causal, blocks, nb, sms);
-                    assert!(order != DqOrder::Rotated || (!causal && blocks >= nb && nb <= sms));
-                    // arrivals[m] = (turn, step, launch index x) of each CTA visiting m.
-                    let mut arrivals = std::vec![std::vec::Vec::new(); blocks as usize];
-                    for x in 0..nb {
-                        let n = order.key_block(x, nb);
-                        let first = first_query_block(causal, n, bm, BLOCK_N, sq, sk);
-                        for i in 0..blocks.saturating_sub(first) {
-                            let m = order.query_block(i, n, first, blocks);
-                            assert!(m >= first && m < blocks);
-                            arrivals[m as usize].push((order.turn(n, m, causal, bm, sq, sk), i, x));
+                for window in windows {
+                    let window = window.map(|(l, r)| KeyWindow::new(l, r, causal, sq, sk));
+                    let (blocks, nb) = (sq.div_ceil(bm), sk.div_ceil(BLOCK_N));
+                    for sms in [132, 8] {
+                        let order = DqOrder::choose(true, causal || window.is_some(), blocks, nb, sms);
+                        assert!(order != DqOrder::Rotated || (!causal && window.is_none() && blocks >= nb && nb <= sms));
+                        let p = BwdParams {
+                            seqlen_q: sq,
+                            seqlen_k: sk,
+                            kv_group: 1,
+                            causal: causal as u32,
+                            dq_order: order as u32,
+                            window: window.unwrap_or_default(),
+                            ..Default::default()
+                        };
+                        // arrivals[m] = (turn, step, launch index x) of each CTA visiting m.
+                        let mut arrivals = std::vec![std::vec::Vec::new(); blocks as usize];
+                        for x in 0..nb {
+                            let n = order.key_block(x, nb);
+                            let mut i = 0;
+                            CtaSteps::new(&p, n, bm, window.is_some()).for_each(|_, m| {
+                                arrivals[m as usize].push((order.turn(n, m, causal, bm, sq, sk, window.as_ref()), i, x));
+                                i += 1;
+                            });
                         }
-                    }
-                    for (m, a) in arrivals.iter_mut().enumerate() {
-                        let ctx = format!("{order:?} causal {causal} sq {sq} sk {sk} m {m}");
-                        assert_eq!(a.len() as u32, key_blocks_seeing(causal, m as u32, bm, BLOCK_N, sq, sk), "{ctx}");
-                        a.sort();
-                        for (t, w) in a.iter().enumerate() {
-                            assert_eq!(w.0, t as u32, "{ctx}: turns must be 0, 1, ...");
-                        }
-                        for w in a.windows(2) {
-                            let (prev, next) = (w[0], w[1]);
-                            assert!(prev.1 <= next.1, "{ctx}: turn {} arrives at step {} after its successor's {}", prev.0, prev.1, next.1);
-                            match order {
-                                DqOrder::Rotated => assert!(prev.1 < next.1, "{ctx}: two CTAs arrive together"),
-                                _ => assert!(prev.2 < next.2, "{ctx}: waits for a CTA launched later"),
+                        for (m, a) in arrivals.iter_mut().enumerate() {
+                            let ctx = format!("{order:?} causal {causal} window {window:?} sq {sq} sk {sk} m {m}");
+                            let seeing = match window {
+                                Some(w) => {
+                                    let (lo, hi) = w.key_blocks(m as i32 * bm as i32, bm, BLOCK_N, sq, sk);
+                                    hi.saturating_sub(lo)
+                                }
+                                None => key_blocks_seeing(causal, m as u32, bm, BLOCK_N, sq, sk),
+                            };
+                            assert_eq!(a.len() as u32, seeing, "{ctx}");
+                            a.sort();
+                            for (t, w) in a.iter().enumerate() {
+                                assert_eq!(w.0, t as u32, "{ctx}: turns must be 0, 1, ...");
+                            }
+                            for w in a.windows(2) {
+                                let (prev, next) = (w[0], w[1]);
+                                assert!(prev.1 <= next.1, "{ctx}: turn {} arrives at step {} after its successor's {}", prev.0, prev.1, next.1);
+                                match order {
+                                    DqOrder::Rotated => assert!(prev.1 < next.1, "{ctx}: two CTAs arrive together"),
+                                    _ => assert!(prev.2 < next.2, "{ctx}: waits for a CTA launched later"),
+                                }
                             }
                         }
                     }
@@ -577,7 +648,7 @@ mod tests {
                     let order = DqOrder::choose(deterministic, causal, blocks, nb, 132);
                     let p = BwdParams { seqlen_q: sq, seqlen_k: sk, kv_group: group, causal: causal as u32, dq_order: order as u32, ..Default::default() };
                     for n in 0..nb {
-                        let steps = CtaSteps::new(&p, n, 64);
+                        let steps = CtaSteps::new(&p, n, 64, false);
                         let (mut a, mut b) = (std::vec::Vec::new(), std::vec::Vec::new());
                         steps.for_each(|h, m| a.push((h, m)));
                         steps.for_each_query_block(|step, m| b.push((steps.head_of(step), m)));
@@ -672,7 +743,7 @@ mod tests {
         for &hdim in &HEAD_DIMS {
             for dtype in DType::ALL {
                 for stage in [BwdStage::Preprocess, BwdStage::Main, BwdStage::MainDeterministic, BwdStage::Postprocess] {
-                    assert!(find(stage, hdim, dtype, crate::ScoreModKind::None).is_some(), "{stage:?} hdim {hdim} {dtype:?}");
+                    assert!(find(stage, hdim, dtype, crate::ScoreModKind::None, crate::MaskKind::Causal).is_some(), "{stage:?} hdim {hdim} {dtype:?}");
                 }
             }
         }

@@ -254,6 +254,16 @@ pub const fn key_block(hdim: u32, seqlen_k: u32) -> u32 {
     }
 }
 
+/// The key block of the kernel with mask `mask`: [`key_block`], except 64 at hdim 256
+/// with a sliding window (its 80-key kernel spilled: the window's bounds on top of the
+/// 188 registers O, S and P take there; 64 is 1.4% behind 80 at 16k without a mask).
+pub const fn key_block_of(hdim: u32, seqlen_k: u32, mask: crate::MaskKind) -> u32 {
+    match mask {
+        crate::MaskKind::Local if hdim == 256 => 64,
+        _ => key_block(hdim, seqlen_k),
+    }
+}
+
 /// The configuration of an FA3 forward kernel of the table (`None` for FA2 and backward
 /// kernels).
 pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
@@ -390,53 +400,73 @@ pub const fn multicast_pays(hdim: u32, seqlen_q: u32, seqlen_k: u32) -> bool {
 }
 
 /// The FA3 kernel table, written once: it expands to `callback! { NAME => DTYPE, hdim D,
-/// wgs W, keys N, cluster C, TECHNIQUES; ... }`, from which this crate builds
+/// wgs W, keys N, cluster C, TECHNIQUES, SCORE_MOD, MASK; ... }`, from which this crate builds
 /// [`KERNELS`] (what the host launches) and the kernel crate its entry points (what the
 /// PTX exports). Every head dim and dtype with all techniques (hdim 256 with 80- and
 /// 64-key blocks, [`key_block`]); the 2-CTA multicast kernels (hdim 128: at hdim 256 the
 /// consumers need all 240 registers, which leaves the multicast producer too few);
 /// hdim 128 without pingpong in both dtypes, and the other ablation kernels at hdim 128
-/// fp16.
+/// fp16; each score modification (`ScoreModKind`) and the sliding window
+/// (`MaskKind::Local`, at hdim 256 with 64-key blocks only, [`key_block_of`]) with every
+/// technique.
 #[macro_export]
 macro_rules! fa3_kernel_table {
     ($callback:ident) => {
         $callback! {
-            fa3_fwd_hdim64_f16 => F16, hdim 64, wgs 3, keys 128, cluster 1, FULL, None;
-            fa3_fwd_hdim128_f16 => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None;
-            fa3_fwd_hdim256_f16 => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, None;
-            fa3_fwd_hdim256_f16_n64 => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None;
-            fa3_fwd_hdim64_bf16 => BF16, hdim 64, wgs 3, keys 128, cluster 1, FULL, None;
-            fa3_fwd_hdim128_bf16 => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None;
-            fa3_fwd_hdim256_bf16 => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, None;
-            fa3_fwd_hdim256_bf16_n64 => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None;
-            fa3_fwd_hdim128_f16_multicast => F16, hdim 128, wgs 2, keys 128, cluster 2, FULL, None;
-            fa3_fwd_hdim128_bf16_multicast => BF16, hdim 128, wgs 2, keys 128, cluster 2, FULL, None;
-            fa3_fwd_hdim128_f16_nopingpong => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG, None;
-            fa3_fwd_hdim128_bf16_nopingpong => BF16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG, None;
-            fa3_fwd_hdim128_f16_nooverlap => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_OVERLAP, None;
-            fa3_fwd_hdim128_f16_nows => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_WARP_SPECIALIZATION, None;
-            fa3_fwd_hdim64_f16_softcap => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap;
-            fa3_fwd_hdim128_f16_softcap => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap;
-            fa3_fwd_hdim256_f16_softcap => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap;
-            fa3_fwd_hdim256_f16_n64_softcap => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap;
-            fa3_fwd_hdim64_bf16_softcap => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap;
-            fa3_fwd_hdim128_bf16_softcap => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap;
-            fa3_fwd_hdim256_bf16_softcap => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap;
-            fa3_fwd_hdim256_bf16_n64_softcap => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap;
-            fa3_fwd_hdim64_f16_alibi => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi;
-            fa3_fwd_hdim128_f16_alibi => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi;
-            fa3_fwd_hdim256_f16_alibi => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Alibi;
-            fa3_fwd_hdim256_f16_n64_alibi => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi;
-            fa3_fwd_hdim64_bf16_alibi => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi;
-            fa3_fwd_hdim128_bf16_alibi => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi;
-            fa3_fwd_hdim256_bf16_alibi => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Alibi;
-            fa3_fwd_hdim256_bf16_n64_alibi => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi;
+            fa3_fwd_hdim64_f16 => F16, hdim 64, wgs 3, keys 128, cluster 1, FULL, None, Causal;
+            fa3_fwd_hdim128_f16 => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None, Causal;
+            fa3_fwd_hdim256_f16 => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, None, Causal;
+            fa3_fwd_hdim256_f16_n64 => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None, Causal;
+            fa3_fwd_hdim64_bf16 => BF16, hdim 64, wgs 3, keys 128, cluster 1, FULL, None, Causal;
+            fa3_fwd_hdim128_bf16 => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None, Causal;
+            fa3_fwd_hdim256_bf16 => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, None, Causal;
+            fa3_fwd_hdim256_bf16_n64 => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None, Causal;
+            fa3_fwd_hdim128_f16_multicast => F16, hdim 128, wgs 2, keys 128, cluster 2, FULL, None, Causal;
+            fa3_fwd_hdim128_bf16_multicast => BF16, hdim 128, wgs 2, keys 128, cluster 2, FULL, None, Causal;
+            fa3_fwd_hdim128_f16_nopingpong => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG, None, Causal;
+            fa3_fwd_hdim128_bf16_nopingpong => BF16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG, None, Causal;
+            fa3_fwd_hdim128_f16_nooverlap => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_OVERLAP, None, Causal;
+            fa3_fwd_hdim128_f16_nows => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_WARP_SPECIALIZATION, None, Causal;
+            fa3_fwd_hdim64_f16_softcap => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim128_f16_softcap => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim256_f16_softcap => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim256_f16_n64_softcap => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim64_bf16_softcap => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim128_bf16_softcap => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim256_bf16_softcap => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim256_bf16_n64_softcap => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim64_f16_alibi => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi, Causal;
+            fa3_fwd_hdim128_f16_alibi => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi, Causal;
+            fa3_fwd_hdim256_f16_alibi => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Alibi, Causal;
+            fa3_fwd_hdim256_f16_n64_alibi => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi, Causal;
+            fa3_fwd_hdim64_bf16_alibi => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi, Causal;
+            fa3_fwd_hdim128_bf16_alibi => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi, Causal;
+            fa3_fwd_hdim256_bf16_alibi => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Alibi, Causal;
+            fa3_fwd_hdim256_bf16_n64_alibi => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi, Causal;
+            fa3_fwd_hdim64_f16_local => F16, hdim 64, wgs 3, keys 128, cluster 1, FULL, None, Local;
+            fa3_fwd_hdim128_f16_local => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None, Local;
+            fa3_fwd_hdim256_f16_n64_local => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None, Local;
+            fa3_fwd_hdim64_bf16_local => BF16, hdim 64, wgs 3, keys 128, cluster 1, FULL, None, Local;
+            fa3_fwd_hdim128_bf16_local => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None, Local;
+            fa3_fwd_hdim256_bf16_n64_local => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None, Local;
+            fa3_fwd_hdim64_f16_softcap_local => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Local;
+            fa3_fwd_hdim128_f16_softcap_local => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Local;
+            fa3_fwd_hdim256_f16_n64_softcap_local => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Local;
+            fa3_fwd_hdim64_bf16_softcap_local => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Local;
+            fa3_fwd_hdim128_bf16_softcap_local => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Local;
+            fa3_fwd_hdim256_bf16_n64_softcap_local => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Local;
+            fa3_fwd_hdim64_f16_alibi_local => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi, Local;
+            fa3_fwd_hdim128_f16_alibi_local => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi, Local;
+            fa3_fwd_hdim256_f16_n64_alibi_local => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi, Local;
+            fa3_fwd_hdim64_bf16_alibi_local => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi, Local;
+            fa3_fwd_hdim128_bf16_alibi_local => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi, Local;
+            fa3_fwd_hdim256_bf16_n64_alibi_local => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi, Local;
         }
     };
 }
 
 macro_rules! fa3_entries {
-    ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident;)*) => {
+    ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {
         &[$({
             let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech };
             KernelEntry {
@@ -451,6 +481,7 @@ macro_rules! fa3_entries {
                 consumer_wgs: $wgs,
                 block_n: $keys,
                 score_mod: crate::ScoreModKind::$score_mod,
+                mask: crate::MaskKind::$mask,
             }
         },)*]
     };
@@ -633,13 +664,15 @@ mod tests {
         for hdim in crate::HEAD_DIMS {
             for seqlen_k in [1, 64, 4096, 4097, 16384] {
                 for score_mod in [crate::ScoreModKind::None, crate::ScoreModKind::Softcap, crate::ScoreModKind::Alibi] {
-                    let (wgs, keys) = (consumer_wgs_of(hdim, score_mod), key_block(hdim, seqlen_k));
                     for dtype in [crate::DType::F16, crate::DType::BF16] {
-                        assert!(
-                            crate::find_kernel(Algo::Fa3(Techniques::FULL), hdim, dtype, 1, seqlen_k, score_mod)
-                                .is_some_and(|k| k.consumer_wgs == wgs && k.block_n == keys),
-                            "hdim {hdim} seqlen_k {seqlen_k} {score_mod:?} {dtype:?}"
-                        );
+                        for mask in [crate::MaskKind::Causal, crate::MaskKind::Local] {
+                            let (wgs, keys) = (consumer_wgs_of(hdim, score_mod), key_block_of(hdim, seqlen_k, mask));
+                            assert!(
+                                crate::find_kernel(Algo::Fa3(Techniques::FULL), hdim, dtype, 1, seqlen_k, score_mod, mask)
+                                    .is_some_and(|k| k.consumer_wgs == wgs && k.block_n == keys),
+                                "hdim {hdim} seqlen_k {seqlen_k} {score_mod:?} {mask:?} {dtype:?}"
+                            );
+                        }
                     }
                 }
             }

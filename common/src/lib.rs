@@ -29,6 +29,7 @@ impl DType {
 pub mod bwd;
 pub mod fa3;
 pub mod gmma;
+pub mod window;
 
 /// Which forward kernel family to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +67,17 @@ pub enum ScoreModKind {
     Alibi,
 }
 
+/// Which keys a kernel's mask hides, besides those past `seqlen_k`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MaskKind {
+    /// None, or under a causal mask (a run-time flag) those past a row's diagonal.
+    #[default]
+    Causal,
+    /// Those outside a sliding window ([`window::KeyWindow`], causal folded in): key
+    /// blocks start past 0 and masked blocks sit at both ends of a tile's range.
+    Local,
+}
+
 /// A compiled kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelEntry {
@@ -90,6 +102,8 @@ pub struct KernelEntry {
     pub block_n: u32,
     /// The score modification compiled in.
     pub score_mod: ScoreModKind,
+    /// The mask compiled in.
+    pub mask: MaskKind,
 }
 
 /// The FA2 kernel table, written once (as [`fa3_kernel_table`]): it expands to
@@ -122,6 +136,7 @@ macro_rules! fa2_entries {
             consumer_wgs: 0,
             block_n: 0,
             score_mod: ScoreModKind::None,
+            mask: MaskKind::Causal,
         },)*]
     };
 }
@@ -159,10 +174,10 @@ impl KernelEntry {
 
 /// Looks up the kernel for a configuration (`cluster`: CTAs per cluster, 1 for none) over
 /// `seqlen_k` keys (FA3 picks its key block by it, [`fa3::key_block`]).
-pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: u32, score_mod: ScoreModKind) -> Option<&'static KernelEntry> {
+pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: u32, score_mod: ScoreModKind, mask: MaskKind) -> Option<&'static KernelEntry> {
     let (wgs, block_n) = match algo {
         Algo::Fa2 => (0, 0),
-        Algo::Fa3(_) => (fa3::consumer_wgs_of(hdim, score_mod), fa3::key_block(hdim, seqlen_k)),
+        Algo::Fa3(_) => (fa3::consumer_wgs_of(hdim, score_mod), fa3::key_block_of(hdim, seqlen_k, mask)),
     };
     KERNELS.iter().find(|k| {
         k.kind == KernelKind::Forward
@@ -173,6 +188,7 @@ pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: 
             && k.consumer_wgs == wgs
             && k.block_n == block_n
             && k.score_mod == score_mod
+            && k.mask == mask
     })
 }
 
@@ -232,6 +248,8 @@ pub struct FwdParams {
     pub alibi_slopes: u64,
     pub alibi_batch_stride: u32,
     pub alibi_inv_scale: f32,
+    /// Local kernels ([`MaskKind::Local`]): the window, causal folded in.
+    pub window: window::KeyWindow,
     /// FA3: device address of a u32 from which CTAs claim tiles in order (a dynamic
     /// persistent schedule); 0: each CTA takes every grid-th tile.
     pub tile_counter: u64,

@@ -33,6 +33,6 @@ pub use common::fa3::Techniques;
 pub use common::{Algo, DType};
 pub use error::{Arg, AttnError, Result};
 pub use gpu::{Gpu, GpuInfo, driver_present};
-pub use plan::{AlibiDesc, AlibiSlopes, AttnOptions, Schedule, TensorDesc, plan_forward};
+pub use plan::{AlibiDesc, AlibiSlopes, AttnOptions, Schedule, TensorDesc, Window, plan_forward};
 pub use plan_bwd::{BwdTensors, backward_workspace_bytes, plan_backward};
 pub use tensor::{DeviceTensor, Element, Layout, TensorMut, TensorRef, round_to};

@@ -6,7 +6,8 @@ use crate::tma::TensorMapSpec;
 use cudarc::driver::CudaSlice;
 use common::fa3::{self, Techniques};
 use common::bwd;
-use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, KernelKind, ScoreModKind, Strides, fa2};
+use common::window::KeyWindow;
+use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, KernelKind, MaskKind, ScoreModKind, Strides, fa2};
 
 /// ALiBi slopes on the device (f32), for [`AttnOptions::alibi`].
 #[derive(Clone, Copy)]
@@ -32,6 +33,33 @@ pub struct AlibiDesc {
     pub len: usize,
     /// `[batch, heads_q]` rather than `[heads_q]`.
     pub per_batch: bool,
+}
+
+/// A sliding window, FlashAttention's `window_size`: query row `i` sees key `j` iff
+/// `i + seqlen_k − seqlen_q − left <= j <= i + seqlen_k − seqlen_q + right`; `None` leaves
+/// that side unbounded (`right: Some(0)` is the causal mask, and a causal call caps
+/// `right` at 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Keys visible before the row's diagonal.
+    pub left: Option<usize>,
+    /// Keys visible after it.
+    pub right: Option<usize>,
+}
+
+impl Window {
+    /// Whether some side is bounded (else the window hides nothing).
+    pub fn is_bounded(&self) -> bool {
+        self.left.is_some() || self.right.is_some()
+    }
+
+    /// The kernels' form of the window of a call (checked: both lengths at most
+    /// `common::window::MAX_SEQLEN`).
+    pub(crate) fn key_window(&self, causal: bool, seqlen_q: usize, seqlen_k: usize) -> KeyWindow {
+        // Wider than any distance: the same as unbounded.
+        let side = |w: Option<usize>| w.map(|w| w.min(seqlen_q.max(seqlen_k)) as u32);
+        KeyWindow::new(side(self.left), side(self.right), causal, seqlen_q as u32, seqlen_k as u32)
+    }
 }
 
 /// Options of an attention call, as in `flash_attn_func`.
@@ -61,6 +89,10 @@ pub struct AttnOptions<'a> {
     /// `scale · q_i·k_j − slope_h · |i + seqlen_k − seqlen_q − j|`, forward and backward.
     /// Not with `softcap` (no kernel for both yet).
     pub alibi: Option<AlibiSlopes<'a>>,
+    /// Sliding-window (local) attention, forward and backward; combines with `causal`,
+    /// `softcap` and `alibi`. Key blocks outside every row's window are neither loaded
+    /// nor computed.
+    pub window: Option<Window>,
 }
 
 /// Grid of the FA3 kernels.
@@ -127,6 +159,34 @@ impl<'a> AttnOptions<'a> {
     pub fn alibi(mut self, slopes: &'a CudaSlice<f32>, per_batch: bool) -> Self {
         self.alibi = Some(AlibiSlopes { slopes, per_batch });
         self
+    }
+
+    /// Restricts each query row to a sliding window of keys (see [`Window`]): `left` keys
+    /// before its diagonal key and `right` after (`None`: unbounded).
+    pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
+        self.window = Some(Window { left, right });
+        self
+    }
+
+    /// The mask these options compile in (`seqlen_q`, `seqlen_k`: the call's, which a
+    /// window limits).
+    pub(crate) fn mask_kind(&self, seqlen_q: usize, seqlen_k: usize) -> Result<MaskKind> {
+        if !self.window.is_some_and(|w| w.is_bounded()) {
+            return Ok(MaskKind::Causal);
+        }
+        let max = common::window::MAX_SEQLEN as usize;
+        if seqlen_q > max || seqlen_k > max {
+            return Err(AttnError::TooLarge(format!("sequence length over {max} with a sliding window")));
+        }
+        Ok(MaskKind::Local)
+    }
+
+    /// The window's parameters of a call with mask `mask`.
+    pub(crate) fn key_window(&self, mask: MaskKind, seqlen_q: usize, seqlen_k: usize) -> KeyWindow {
+        match (mask, self.window) {
+            (MaskKind::Local, Some(w)) => w.key_window(self.causal, seqlen_q, seqlen_k),
+            _ => KeyWindow::default(),
+        }
     }
 
     /// The score modification these options compile in, after checking its values
@@ -370,6 +430,11 @@ pub fn plan_forward(
     if score_mod != ScoreModKind::None && algo != Algo::Fa3(Techniques::FULL) {
         return Err(AttnError::Unsupported(format!("{score_mod:?} has kernels only for FlashAttention-3 with every technique (not {algo:?})")));
     }
+    let mask = opts.mask_kind(seqlen_q, seqlen_k)?;
+    let local = mask == MaskKind::Local;
+    if local && algo != Algo::Fa3(Techniques::FULL) {
+        return Err(AttnError::Unsupported(format!("sliding windows have kernels only for FlashAttention-3 with every technique (not {algo:?})")));
+    }
     let tile_rows = fa3::block_m(hdim as u32) as usize;
     let schedule = match (opts.schedule, algo) {
         // Without a mask every tile costs the same unless the last query block is short;
@@ -380,13 +445,15 @@ pub fn plan_forward(
         // cluster, half the L2 reads.
         (Schedule::Auto, Algo::Fa3(t))
             if !opts.causal
+                && !local
                 && t == Techniques::FULL
                 && score_mod == ScoreModKind::None
                 && fa3::multicast_pays(hdim as u32, seqlen_q as u32, seqlen_k as u32) =>
         {
             Schedule::PersistentMulticast
         }
-        (Schedule::Auto, Algo::Fa3(_)) if !opts.causal && seqlen_q % tile_rows == 0 => Schedule::Persistent,
+        // A window's first and last tiles see fewer keys than the others: the counter.
+        (Schedule::Auto, Algo::Fa3(_)) if !opts.causal && !local && seqlen_q % tile_rows == 0 => Schedule::Persistent,
         (Schedule::Auto, Algo::Fa3(t)) if t.warp_specialized => Schedule::PersistentDynamic,
         (Schedule::Auto, _) => Schedule::TilePerCta,
         (Schedule::PersistentDynamic, Algo::Fa3(t)) if !t.warp_specialized => {
@@ -397,6 +464,9 @@ pub fn plan_forward(
         (Schedule::PersistentMulticast, _) if score_mod != ScoreModKind::None => {
             return Err(AttnError::Unsupported(format!("multicast clusters have no {score_mod:?} kernel")));
         }
+        (Schedule::PersistentMulticast, _) if local => {
+            return Err(AttnError::Unsupported("multicast clusters have no sliding-window kernel".into()));
+        }
         (Schedule::PersistentMulticast, _) if opts.causal => {
             return Err(AttnError::Unsupported(
                 "multicast clusters need every query block to visit the same key blocks (no causal mask)".into(),
@@ -405,7 +475,7 @@ pub fn plan_forward(
         (s, _) => s,
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
-    let kernel = common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32, score_mod)
+    let kernel = common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32, score_mod, mask)
         .ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let mut params = FwdParams {
         q: q.addr,
@@ -430,6 +500,7 @@ pub fn plan_forward(
         alibi_slopes: 0,
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
+        window: opts.key_window(mask, seqlen_q, seqlen_k),
         tile_counter: 0,
         section_log2: 0,
         tile_counter_base: 0,

@@ -4,7 +4,7 @@ use crate::error::{Arg, AttnError, Result};
 use crate::plan::{AlibiDesc, AttnOptions, TensorDesc, check_alibi, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
-use common::{KernelEntry, ScoreModKind};
+use common::{KernelEntry, MaskKind, ScoreModKind};
 
 /// Alignment of each region of the workspace.
 const REGION_ALIGN: usize = 256;
@@ -163,7 +163,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     // read what they are overwriting.
     check_disjoint(&all)?;
     let score_mod = opts.score_mod(t.alibi.is_some())?;
-    let find = |stage| bwd::find(stage, hdim as u32, dtype, score_mod).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
+    let mask = opts.mask_kind(seqlen_q, seqlen_k)?;
+    let find = |stage| bwd::find(stage, hdim as u32, dtype, score_mod, mask).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
     let main_stage = if opts.deterministic { BwdStage::MainDeterministic } else { BwdStage::Main };
     let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);
     let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32);
@@ -184,7 +185,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         dq_semaphore: if opts.deterministic { ws_addr + ws.semaphores as u64 } else { 0 },
         dq_order: DqOrder::choose(
             opts.deterministic,
-            opts.causal,
+            opts.causal || mask == MaskKind::Local,
             (seqlen_q as u32).div_ceil(bwd::block_m(hdim as u32)),
             (seqlen_k as u32).div_ceil(bwd::BLOCK_N),
             sm_count,
@@ -212,6 +213,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         alibi_slopes: 0,
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
+        window: opts.key_window(mask, seqlen_q, seqlen_k),
     };
     if let Some(a) = t.alibi {
         let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;

@@ -81,16 +81,7 @@ pub fn standard_alibi_slopes(heads: usize) -> Vec<f32> {
     (0..heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32)).collect()
 }
 
-/// A sliding window, FlashAttention's convention: query row `i` sees key `j` iff
-/// `i + seqlen_k − seqlen_q − left <= j <= i + seqlen_k − seqlen_q + right`; `None` leaves
-/// that side unbounded (`right: Some(0)` is the causal mask).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window {
-    /// Keys visible before the row's diagonal.
-    pub left: Option<usize>,
-    /// Keys visible after it.
-    pub right: Option<usize>,
-}
+pub use crate::plan::Window;
 
 /// ALiBi slopes on the host: `[heads_q]`, or `[batch, heads_q]` when `per_batch`.
 #[derive(Clone, Copy, Debug)]

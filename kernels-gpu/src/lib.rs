@@ -56,9 +56,19 @@ macro_rules! score_mod_type {
     };
 }
 
+/// The mask type of a kernel table's `MaskKind` name.
+macro_rules! mask_type {
+    (Causal) => {
+        fa3::mask::CausalMask
+    };
+    (Local) => {
+        fa3::mask::LocalMask
+    };
+}
+
 /// The FA3 entry points, from `common::fa3_kernel_table`: each gets its traits type.
 macro_rules! fa3_entries {
-    ($($name:ident => $dtype:ident, hdim $d:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident;)*) => {$(
+    ($($name:ident => $dtype:ident, hdim $d:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {$(
         /// FlashAttention-3 forward; grid: one CTA per tile or per SM (see the host's
         /// `Schedule`), `128 * (consumer warpgroups + 1)` threads (without warp
         /// specialization, no producer warpgroup). The TMA descriptors are read through the
@@ -71,7 +81,7 @@ macro_rules! fa3_entries {
                 type Element = element::$dtype;
                 type Scores = [softmax::Frag; $keys / 8];
                 type Out = [softmax::Frag; $d / 8];
-                type Mask = fa3::mask::CausalMask;
+                type Mask = mask_type!($mask);
                 type ScoreMod = score_mod_type!($score_mod);
                 const CONFIG: common::fa3::KernelConfig = common::fa3::KernelConfig {
                     hdim: $d,
@@ -91,30 +101,30 @@ common::fa3_kernel_table!(fa3_entries);
 
 /// The backward entry points, from `common::bwd_kernel_table`.
 macro_rules! bwd_entries {
-    ($($name:ident => $dtype:ident, hdim $d:literal, $stage:ident, $score_mod:ident;)*) => {$(
-        bwd_entries!(@ $stage $name, $dtype, $d, $score_mod);
+    ($($name:ident => $dtype:ident, hdim $d:literal, $stage:ident, $score_mod:ident, $mask:ident;)*) => {$(
+        bwd_entries!(@ $stage $name, $dtype, $d, $score_mod, $mask);
     )*};
-    (@ Preprocess $name:ident, $dtype:ident, $d:literal, $score_mod:ident) => {
+    (@ Preprocess $name:ident, $dtype:ident, $d:literal, $score_mod:ident, $mask:ident) => {
         /// Backward preprocess; grid `(padded rows / 64, heads_q, batch)`, 256 threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             unsafe { bwd::preprocess::preprocess::<element::$dtype, $d>(p) }
         }
     };
-    (@ Postprocess $name:ident, $dtype:ident, $d:literal, $score_mod:ident) => {
+    (@ Postprocess $name:ident, $dtype:ident, $d:literal, $score_mod:ident, $mask:ident) => {
         /// Backward postprocess; grid `(ceil(seqlen_q / 64), heads_q, batch)`, 256 threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             unsafe { bwd::postprocess::postprocess::<element::$dtype, $d>(p) }
         }
     };
-    (@ Main $name:ident, $dtype:ident, $d:literal, $score_mod:ident) => {
-        bwd_entries!(@ main $name, $dtype, $d, false, $score_mod);
+    (@ Main $name:ident, $dtype:ident, $d:literal, $score_mod:ident, $mask:ident) => {
+        bwd_entries!(@ main $name, $dtype, $d, false, $score_mod, $mask);
     };
-    (@ MainDeterministic $name:ident, $dtype:ident, $d:literal, $score_mod:ident) => {
-        bwd_entries!(@ main $name, $dtype, $d, true, $score_mod);
+    (@ MainDeterministic $name:ident, $dtype:ident, $d:literal, $score_mod:ident, $mask:ident) => {
+        bwd_entries!(@ main $name, $dtype, $d, true, $score_mod, $mask);
     };
-    (@ main $name:ident, $dtype:ident, $d:literal, $deterministic:literal, $score_mod:ident) => {
+    (@ main $name:ident, $dtype:ident, $d:literal, $deterministic:literal, $score_mod:ident, $mask:ident) => {
         /// Backward main kernel; grid `(key blocks, heads_k, batch)`, 384 threads. The TMA
         /// descriptors (q, k, v, dO) are read through the parameter's address.
         #[unsafe(no_mangle)]
@@ -129,6 +139,7 @@ macro_rules! bwd_entries {
                 const DETERMINISTIC: bool = $deterministic;
                 const SOFTCAP: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Softcap);
                 const ALIBI: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Alibi);
+                const LOCAL: bool = matches!(common::MaskKind::$mask, common::MaskKind::Local);
             }
             let tma = kernel_param0_address!($name);
             unsafe { bwd::bwd::<Traits>(tma, p) }

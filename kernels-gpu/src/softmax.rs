@@ -173,3 +173,19 @@ pub fn mask_columns<const NT: usize>(s: &mut [Frag; NT], col_2t: i32, limits: [i
         }
     }
 }
+
+/// Sets to `-inf` the scores of keys outside `[first[r], end[r])` in row `r` (g, g + 8)
+/// of this lane (a sliding window's rows).
+///
+/// `col_2t`: global key index of column `2t` of n-tile 0.
+#[inline(always)]
+pub fn mask_columns_outside<const NT: usize>(s: &mut [Frag; NT], col_2t: i32, first: [i32; 2], end: [i32; 2]) {
+    for j in 0..NT {
+        for e in 0..4 {
+            let col = col_2t + 8 * j as i32 + (e as i32 % 2);
+            if col < first[e / 2] || col >= end[e / 2] {
+                s[j][e] = f32::NEG_INFINITY;
+            }
+        }
+    }
+}

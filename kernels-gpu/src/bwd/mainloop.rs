@@ -28,15 +28,22 @@ use common::gmma::{desc_add, k_major_k_step, k_major_sw128, mn_major_k_step, mn_
 /// Which (query, key) pairs of this lane's two key rows the mask hides: a pair is hidden
 /// when its query is below the row's bound (`key - (seqlen_k - seqlen_q)` under a causal
 /// mask; every query for a key past `seqlen_k`, whose zero-filled row must not reach
-/// `P`, where `exp2(-LSE)` could overflow).
+/// `P`, where `exp2(-LSE)` could overflow), or with a sliding window outside the queries
+/// that see the key (`key − off − right ..= key − off + left`).
 #[derive(Clone, Copy)]
 struct KeyRowMask {
+    /// Causal masks: each key row's first query. Local masks: the query on the diagonal
+    /// of the lane's first key row, `key − (seqlen_k − seqlen_q)` (one register: the
+    /// bounds are derived where the mask runs).
     min_query: [i32; 2],
 }
 
 impl KeyRowMask {
     #[inline(always)]
-    fn new(p: &BwdParams, key_row: i32) -> Self {
+    fn new<K: BwdTraits>(p: &BwdParams, key_row: i32) -> Self {
+        if K::LOCAL {
+            return KeyRowMask { min_query: [key_row - (p.seqlen_k as i32 - p.seqlen_q as i32), 0] };
+        }
         let bound = |key: i32| {
             if key >= p.seqlen_k as i32 {
                 i32::MAX
@@ -48,6 +55,21 @@ impl KeyRowMask {
             }
         };
         KeyRowMask { min_query: [bound(key_row), bound(key_row + 8)] }
+    }
+
+    /// Whether query `q` of key row `r` (0 or 1) is hidden.
+    #[inline(always)]
+    fn hides<K: BwdTraits>(&self, p: &BwdParams, r: usize, q: i32) -> bool {
+        if K::LOCAL {
+            // Query q sees the key iff −right <= q − diagonal <= left; keys past
+            // `seqlen_k` (diagonal past `seqlen_q`) hide every query.
+            // (One unsigned comparison for both bounds.)
+            let diagonal = self.min_query[0] + 8 * r as i32;
+            let from_first = (q - diagonal + p.window.right) as u32;
+            diagonal >= p.seqlen_q as i32 || from_first > (p.window.left + p.window.right) as u32
+        } else {
+            q < self.min_query[r]
+        }
     }
 }
 
@@ -85,7 +107,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
     pub fn run(&mut self) -> KeyBlockGrads<K> {
         let p = self.p;
         let mut grads = KeyBlockGrads::<K> { dk: K::KeyGrads::zeroed(), dv: K::KeyGrads::zeroed() };
-        let steps = CtaSteps::new(p, self.n_block, K::BLOCK_M);
+        let steps = CtaSteps::new(p, self.n_block, K::BLOCK_M, K::LOCAL);
         if steps.is_empty() {
             return grads;
         }
@@ -94,7 +116,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         self.storage.v.consumer_wait(PipelineState::new());
         let lane = self.thread_in_wg % 32;
         let key_row = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
-        let mask = KeyRowMask::new(p, key_row);
+        let mask = KeyRowMask::new::<K>(p, key_row);
         // ALiBi reads each step's head (its slope) from the step's index.
         steps.for_each_query_block(#[inline(always)] |step, m| {
             let h = if K::ALIBI { steps.head_of(step) } else { 0 };
@@ -107,8 +129,12 @@ impl<K: BwdTraits> Consumer<'_, K> {
     #[inline(always)]
     fn visit(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, h: u32, m: u32) {
         let p = self.p;
-        let masked = step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
-            || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
+        let window_cuts = if K::LOCAL {
+            p.window.step_needs_mask(m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
+        } else {
+            step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
+        };
+        let masked = window_cuts || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
         // Uniform across the CTA; the broadcast lets ptxas see it.
         let masked = math::shfl_broadcast_u32(masked as u32) != 0;
         self.step(grads, mask, h, m, masked);
@@ -207,7 +233,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
                     let mut pair = [0.0f32; 2];
                     for c in 0..2 {
                         let i = 2 * r + c;
-                        let hidden = masked && query0 + ((col + c as u32) as i32) < mask.min_query[r];
+                        let hidden = masked && mask.hides::<K>(self.p, r, query0 + (col + c as u32) as i32);
                         // Soft-capping: the score is the tanh; `c` is in `scale_log2`.
                         // ALiBi: minus the slope times the distance from the diagonal.
                         let logit = if K::SOFTCAP {

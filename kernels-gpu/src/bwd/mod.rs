@@ -52,7 +52,7 @@ impl regs::RegisterCount for ConsumerRegs {
 #[inline(always)]
 pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let tid = sreg::thread_idx_x();
-    let order = p.dq_order();
+    let order = p.dq_order_of(K::LOCAL);
     let n_block = order.key_block(sreg::block_idx_x(), p.key_blocks());
     let (head_k, batch) = (sreg::block_idx_y(), sreg::block_idx_z());
     let storage = BwdStorage::new::<K>();
@@ -64,7 +64,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let wg = tid / WARPGROUP_THREADS;
     if wg == 0 {
         regs::dealloc::<ProducerRegs>();
-        let steps = CtaSteps::new(&p, n_block, K::BLOCK_M);
+        let steps = CtaSteps::new(&p, n_block, K::BLOCK_M, K::LOCAL);
         if tid == 0 {
             let mut loader = BwdLoader::<K>::new(TensorMaps(tma), storage);
             loader.prefetch_descriptors();

@@ -28,6 +28,9 @@ pub trait BwdTraits: Copy + 'static {
     /// softmax's scale (`common::ScoreModKind::Alibi`); dS is unchanged (the bias does
     /// not depend on Q or K).
     const ALIBI: bool;
+    /// A sliding window (`common::MaskKind::Local`, `BwdParams::window`): a key block's
+    /// query blocks are a range, and a key row hides queries past its window too.
+    const LOCAL: bool;
     /// Query rows per step.
     const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
     /// Keys per CTA.

@@ -2,9 +2,10 @@
 //! Q in registers at hdim 128, see `common::fa3::Q_IN_REGISTERS`), score modification,
 //! mask, online softmax, O += P V (RS WGMMA, P straight from the S registers).
 //!
-//! A tile's key blocks are visited from the last down (step i visits block n - 1 - i),
-//! so the blocks that need a mask come first: they run the masked step, the rest the
-//! unmasked one, which has no mask code ([`super::mask`]).
+//! A tile's key blocks are visited from the last down (step i visits block
+//! `n_block_min + n - 1 - i`), so the blocks a causal mask cuts come first: they run the
+//! masked step, the rest the unmasked one, which has no mask code ([`super::mask`]); a
+//! sliding window's first blocks, visited last, run the masked step again.
 //!
 //! With the intra-warpgroup overlap (FA3's), step i issues QK^T of block i and PV of
 //! block i-1 back to back, then runs the softmax of block i while that PV is still on
@@ -174,6 +175,9 @@ struct Steps<'a, K: KernelTraits> {
     mask: K::Mask,
     score_mod: K::ScoreMod,
     n: u32,
+    /// One past the tile's last key block (`n_block_min + n`): step `i` visits block
+    /// `top - 1 - i`.
+    top: u32,
     wg_row0: i32,
     row_g: i32,
     col_2t: i32,
@@ -181,35 +185,43 @@ struct Steps<'a, K: KernelTraits> {
 
 impl<K: KernelTraits> Steps<'_, K> {
     /// The first step this warpgroup computes: the tile's leading steps visit key blocks
-    /// masked for all of its 64 rows (past its causal diagonal, or every block when its rows
-    /// are past `seqlen_q`), which cost it no GEMM and no softmax.
+    /// masked for all of its 64 rows (past its causal diagonal or window, or every block
+    /// when its rows are past `seqlen_q`), which cost it no GEMM and no softmax.
     #[inline(always)]
     fn first(&self) -> u32 {
-        let visible = self.p.visible_blocks(self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N);
+        let end = K::Mask::visible_blocks(self.p, self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N).1;
+        let skipped = self.top - end.min(self.top);
+        // A local warpgroup that sees nothing skips every step (its `end` is 0).
+        let skipped = if K::Mask::LOCAL { skipped.min(self.n) } else { skipped };
         // Warpgroup-uniform already; the broadcast lets ptxas see it, so that the loops
         // bounded by it keep their wgmma asynchronous.
-        math::shfl_broadcast_u32(self.n - visible.min(self.n))
+        math::shfl_broadcast_u32(skipped)
     }
 
-    /// Steps before this one visit blocks that need a mask for some row of the
-    /// warpgroup; from it on, none does.
+    /// Steps before the first returned visit blocks that need a mask for some row of
+    /// the warpgroup; from it to the second none does. From the second on (local masks
+    /// only; `n` otherwise) they need it again.
     #[inline(always)]
-    fn unmasked_from(&self) -> u32 {
-        let whole = K::Mask::unmasked_blocks(self.p, self.wg_row0, K::BLOCK_N);
+    fn unmasked_steps(&self) -> (u32, u32) {
+        let (whole_first, whole_end) = K::Mask::whole_blocks(self.p, self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N);
+        let from = self.top - whole_end.min(self.top);
+        // `whole_first` within the tile's blocks (`max`/`min`: `clamp` would bring a
+        // panic path).
+        let to = if K::Mask::LOCAL { (self.top - whole_first.max(self.top - self.n).min(self.top)).max(from) } else { self.n };
         // Uniform, as above.
-        math::shfl_broadcast_u32(self.n - whole.min(self.n))
+        (math::shfl_broadcast_u32(from), math::shfl_broadcast_u32(to))
     }
 
-    /// Score modification, mask and the softmax of step `i` (key block `n - 1 - i`);
+    /// Score modification, mask and the softmax of step `i` (key block `top - 1 - i`);
     /// returns the factor O must be rescaled by, if any. The mask runs when `MASKED` (a
-    /// step of the masked loop) and `needs_mask` (a run-time check, for kernels whose
+    /// step of a masked loop) and `needs_mask` (a run-time check, for kernels whose
     /// masked and unmasked steps share one loop; `true` elsewhere).
     #[inline(always)]
     fn softmax<const MASKED: bool>(&self, s: &mut K::Scores, sm: &mut OnlineSoftmax, i: u32, needs_mask: bool) -> Option<[f32; 2]> {
-        let col_2t = ((self.n - 1 - i) * K::BLOCK_N) as i32 + self.col_2t;
+        let col_2t = ((self.top - 1 - i) * K::BLOCK_N) as i32 + self.col_2t;
         self.score_mod.apply(s, self.row_g, col_2t);
         if MASKED && needs_mask {
-            self.mask.apply(s, col_2t);
+            self.mask.apply_with(self.p, s, col_2t);
         }
         s.softmax_update(sm, self.p.scale_log2)
     }
@@ -372,6 +384,7 @@ pub fn run<K: KernelTraits>(
         mask: K::Mask::new(p, row_g),
         score_mod: K::ScoreMod::new(p, tile.batch, tile.head),
         n,
+        top: tile.n_block_min + n,
         wg_row0,
         row_g,
         col_2t: 2 * (lane % 4) as i32,
@@ -407,27 +420,36 @@ pub fn run<K: KernelTraits>(
         }
         return (ml.regs.o, ml.softmax);
     }
-    let unmasked_from = steps.unmasked_from();
+    // Masked steps: first..unmasked_from and masked_from..n.
+    let (unmasked_from, masked_from) = steps.unmasked_steps();
 
     if K::OVERLAP {
         // n - first + 1 GEMM turns: QK_first; (QK_i, PV_{i-1}) for i in first+1..n; PV_{n-1}.
         ml.qk_turn(first);
         // O is still zero: the first step's factor is not needed. It is masked or not by
         // a (warp-uniform) branch, not a loop of its own.
-        ml.steps.softmax::<true>(&mut ml.regs.s, &mut ml.softmax, first, first < unmasked_from);
+        let first_masked = first < unmasked_from || (K::Mask::LOCAL && first >= masked_from);
+        ml.steps.softmax::<true>(&mut ml.regs.s, &mut ml.softmax, first, first_masked);
         ml.regs.p = ml.regs.s.to_probs::<K::Element>();
         let mut alpha = None;
         if K::SEPARATE_MASKED_LOOP {
             let split = unmasked_from.max(first + 1).min(n);
+            let split_local = if K::Mask::LOCAL { masked_from.max(split).min(n) } else { n };
             for i in first + 1..split {
                 alpha = ml.overlapped_step::<true>(i, alpha, true);
             }
-            for i in split..n {
+            for i in split..split_local {
                 alpha = ml.overlapped_step::<false>(i, alpha, false);
+            }
+            if K::Mask::LOCAL {
+                for i in split_local..n {
+                    alpha = ml.overlapped_step::<true>(i, alpha, true);
+                }
             }
         } else {
             for i in first + 1..n {
-                alpha = ml.overlapped_step::<true>(i, alpha, i < unmasked_from);
+                let masked = i < unmasked_from || (K::Mask::LOCAL && i >= masked_from);
+                alpha = ml.overlapped_step::<true>(i, alpha, masked);
             }
         }
         ml.last_pv(n, alpha);
@@ -440,16 +462,25 @@ pub fn run<K: KernelTraits>(
         // instruction, and 13.0 keeps Q's registers (tests/tests/ptx.rs checks).
         ml.qk_turn(first);
         let split = unmasked_from.max(first).min(n);
+        let split_local = if K::Mask::LOCAL { masked_from.max(split).min(n) } else { n };
         for i in first..split {
             ml.serial_step::<true>(i);
             if i + 1 < n {
                 ml.qk_turn(i + 1);
             }
         }
-        for i in split..n {
+        for i in split..split_local {
             ml.serial_step::<false>(i);
             if i + 1 < n {
                 ml.qk_turn(i + 1);
+            }
+        }
+        if K::Mask::LOCAL {
+            for i in split_local..n {
+                ml.serial_step::<true>(i);
+                if i + 1 < n {
+                    ml.qk_turn(i + 1);
+                }
             }
         }
     }

@@ -4,7 +4,8 @@
 //! The mainloop visits a tile's key blocks from the last down, so the blocks that need
 //! masking (those that cross the sequence end or a row's limit) come first: it runs them
 //! in a masked loop and the rest in a loop with no mask code at all, split where
-//! [`Mask::unmasked_blocks`] says. A score modification runs on every block, before the
+//! [`Mask::whole_blocks`] says. A sliding window ([`LocalMask`]) also cuts the first
+//! blocks of the range, which come last, in a second masked loop. A score modification runs on every block, before the
 //! mask and the softmax; [`NoScoreMod`] compiles to nothing.
 //!
 //! Coordinates: a lane's scores are its two rows (`row_g` and `row_g + 8`) and, in n-tile
@@ -14,17 +15,31 @@ use common::FwdParams;
 use common::fa3::whole_key_blocks;
 
 /// Which keys a query row may see, for this lane's two rows.
+///
+/// Block ranges are half-open `(first, end)` in key blocks of `block_n` keys.
 pub trait Mask: Copy {
+    /// Key ranges start past key 0, so that a tile's masked blocks may sit at both ends
+    /// of its range (the mainloop then has a second masked loop, after the unmasked one).
+    const LOCAL: bool;
+
     /// The mask of the rows `row_g` and `row_g + 8`.
     fn new(p: &FwdParams, row_g: i32) -> Self;
 
-    /// How many leading key blocks (of `block_n` keys, from key 0) every row from `row0`
-    /// on sees whole: those need no mask. Blocks from there on (up to the tile's last)
-    /// run the masked loop.
-    fn unmasked_blocks(p: &FwdParams, row0: i32, block_n: u32) -> u32;
+    /// The key blocks a tile of `block_m` rows from `row0` visits.
+    fn tile_blocks(p: &FwdParams, row0: i32, block_m: u32, block_n: u32) -> (u32, u32);
 
-    /// Sets to `-inf` the scores of the keys this lane's rows may not see.
-    fn apply<S: FragTile>(&self, s: &mut S, col_2t: i32);
+    /// The key blocks some row of `[row0, row0 + rows)` sees (a warpgroup skips the rest
+    /// of its tile's).
+    fn visible_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32);
+
+    /// The key blocks every row of `[row0, row0 + rows)` sees whole: those need no mask,
+    /// the others of the tile run the masked loop. (Only `LOCAL` masks have a first
+    /// block past 0.)
+    fn whole_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32);
+
+    /// Sets to `-inf` the scores of the keys this lane's rows may not see (`p`: the
+    /// call's parameters, for masks that derive their bounds where they run).
+    fn apply_with<S: FragTile>(&self, p: &FwdParams, s: &mut S, col_2t: i32);
 }
 
 /// What is applied to the raw scores `S = Q K^T` (before the softmax scale) of a block.
@@ -46,6 +61,8 @@ pub struct CausalMask {
 }
 
 impl Mask for CausalMask {
+    const LOCAL: bool = false;
+
     #[inline(always)]
     fn new(p: &FwdParams, row_g: i32) -> Self {
         let seqlen_k = p.seqlen_k as i32;
@@ -57,13 +74,64 @@ impl Mask for CausalMask {
     }
 
     #[inline(always)]
-    fn unmasked_blocks(p: &FwdParams, row0: i32, block_n: u32) -> u32 {
-        whole_key_blocks(p.seqlen_k as i32, p.causal_offset(), row0, block_n)
+    fn tile_blocks(p: &FwdParams, row0: i32, block_m: u32, block_n: u32) -> (u32, u32) {
+        (0, p.n_blocks(row0, block_m, block_n))
     }
 
     #[inline(always)]
-    fn apply<S: FragTile>(&self, s: &mut S, col_2t: i32) {
+    fn visible_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
+        (0, p.visible_blocks(row0, rows, block_n))
+    }
+
+    /// From the first row alone: later rows see at least as much.
+    #[inline(always)]
+    fn whole_blocks(p: &FwdParams, row0: i32, _rows: u32, block_n: u32) -> (u32, u32) {
+        (0, whole_key_blocks(p.seqlen_k as i32, p.causal_offset(), row0, block_n))
+    }
+
+    #[inline(always)]
+    fn apply_with<S: FragTile>(&self, _: &FwdParams, s: &mut S, col_2t: i32) {
         s.mask_columns(col_2t, self.limits)
+    }
+}
+
+/// A sliding window (`common::MaskKind::Local`; `common::window`, causal folded in by
+/// the host): row `i` sees keys `[first_key(i), end_key(i))`. Kept as the first row's
+/// diagonal key alone, the bounds derived where the mask runs: the consumers of the
+/// 256-dim and soft-capping kernels have no four registers to hold them.
+#[derive(Clone, Copy)]
+pub struct LocalMask {
+    row_g: i32,
+}
+
+impl Mask for LocalMask {
+    const LOCAL: bool = true;
+
+    #[inline(always)]
+    fn new(_: &FwdParams, row_g: i32) -> Self {
+        LocalMask { row_g }
+    }
+
+    #[inline(always)]
+    fn tile_blocks(p: &FwdParams, row0: i32, block_m: u32, block_n: u32) -> (u32, u32) {
+        Self::visible_blocks(p, row0, block_m, block_n)
+    }
+
+    #[inline(always)]
+    fn visible_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
+        p.window.key_blocks(row0, rows, block_n, p.seqlen_q, p.seqlen_k)
+    }
+
+    #[inline(always)]
+    fn whole_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
+        p.window.whole_blocks(row0, rows, block_n, p.seqlen_q, p.seqlen_k)
+    }
+
+    #[inline(always)]
+    fn apply_with<S: FragTile>(&self, p: &FwdParams, s: &mut S, col_2t: i32) {
+        let (w, sq, sk) = (&p.window, p.seqlen_q, p.seqlen_k);
+        let rows = [self.row_g, self.row_g + 8];
+        s.mask_columns_outside(col_2t, rows.map(|r| w.first_key(r, sq, sk)), rows.map(|r| w.end_key(r, sq, sk)))
     }
 }
 

@@ -82,25 +82,30 @@ impl<K: KernelTraits> Loader<K> {
         self.q_state.advance();
     }
 
-    /// Key row of step `i` (steps run from the last block down).
-    #[inline(always)]
-    fn key_row(tile: &Tile, i: u32) -> i32 {
-        ((tile.n_blocks - 1 - i) * K::BLOCK_N) as i32
-    }
-
     /// Loads K of step `i` into the next K slot (waits for it to be free).
     #[inline(always)]
     pub fn load_k(&mut self, tile: &Tile, i: u32) {
-        self.k_state = self.load_kv(self.map(TensorMapSlot::K), &self.k, self.k_state, tile, i);
+        self.load_k_block(tile, tile.key_block(i));
     }
 
     /// Loads V of step `i` into the next V slot (waits for it to be free).
     #[inline(always)]
     pub fn load_v(&mut self, tile: &Tile, i: u32) {
-        self.v_state = self.load_kv(self.map(TensorMapSlot::V), &self.v, self.v_state, tile, i);
+        self.load_v_block(tile, tile.key_block(i));
     }
 
-    /// Loads K or V (`map`, `ring`) of step `i` into slot `st`; returns the next position.
+    #[inline(always)]
+    fn load_k_block(&mut self, tile: &Tile, block: u32) {
+        self.k_state = self.load_kv(self.map(TensorMapSlot::K), &self.k, self.k_state, tile, block);
+    }
+
+    #[inline(always)]
+    fn load_v_block(&mut self, tile: &Tile, block: u32) {
+        self.v_state = self.load_kv(self.map(TensorMapSlot::V), &self.v, self.v_state, tile, block);
+    }
+
+    /// Loads K or V (`map`, `ring`) of key block `block` into slot `st`; returns the next
+    /// position.
     #[inline(always)]
     fn load_kv(
         &self,
@@ -108,11 +113,11 @@ impl<K: KernelTraits> Loader<K> {
         ring: &TmaPipeline<KV_STAGES>,
         mut st: PipelineState<KV_STAGES>,
         tile: &Tile,
-        i: u32,
+        block: u32,
     ) -> PipelineState<KV_STAGES> {
         ring.producer_acquire(st, self.leader);
         let (slot, full) = (ring.slot(st.index()), ring.full(st.index()));
-        let (row, head, batch) = (Self::key_row(tile, i), tile.head_k as i32, tile.batch as i32);
+        let (row, head, batch) = ((block * K::BLOCK_N) as i32, tile.head_k as i32, tile.batch as i32);
         match self.multicast_rank {
             // SAFETY: the slot holds one box; its full barrier expects the bytes.
             None => unsafe { map.load_5d(slot, full, [0, row, 0, head, batch], self.leader) },
@@ -133,19 +138,23 @@ impl<K: KernelTraits> Loader<K> {
         st
     }
 
-    /// All loads of one tile, in consumption order (the warp-specialized producer).
+    /// All loads of one tile, in consumption order (the warp-specialized producer): key
+    /// blocks from the last down, counted by block so that the first block (past 0 for
+    /// local masks) costs the 24-register producer nothing more.
     #[inline(always)]
     pub fn load_tile(&mut self, tile: &Tile) {
         self.load_q(tile);
-        let n = tile.n_blocks;
-        if n == 0 {
+        if tile.n_blocks == 0 {
             return;
         }
-        self.load_k(tile, 0);
-        for i in 1..n {
-            self.load_k(tile, i);
-            self.load_v(tile, i - 1);
+        let first = tile.n_block_min;
+        let mut block = first + tile.n_blocks - 1;
+        self.load_k_block(tile, block);
+        while block > first {
+            self.load_k_block(tile, block - 1);
+            self.load_v_block(tile, block);
+            block -= 1;
         }
-        self.load_v(tile, n - 1);
+        self.load_v_block(tile, first);
     }
 }

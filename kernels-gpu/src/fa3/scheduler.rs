@@ -15,6 +15,7 @@
 //! causal tiles of unequal cost). With warp specialization the producer claims and
 //! publishes each tile to the consumers through a shared-memory [`TileHandoff`].
 use super::pipeline::{CountState, PipelineState, TmaPipeline};
+use super::mask::Mask;
 use super::traits::KernelTraits;
 use crate::ptx::{global, math, smem, sreg};
 use common::FwdParams;
@@ -22,7 +23,8 @@ use common::fa3::{self, TILE_HANDOFF_STAGES};
 use core::marker::PhantomData;
 
 /// One tile of work: `K::BLOCK_M` query rows of one (batch, head), and the key blocks
-/// `0..n_blocks` it must visit (visited from the last down, so masked blocks come first).
+/// `n_block_min..n_block_min + n_blocks` it must visit (visited from the last down, so
+/// that the blocks a causal mask cuts come first).
 #[derive(Clone, Copy)]
 pub struct Tile {
     pub m_block: u32,
@@ -33,7 +35,25 @@ pub struct Tile {
     pub head: u32,
     pub head_k: u32,
     pub batch: u32,
+    /// The first key block (0 but for local masks, [`super::mask::Mask::tile_blocks`]).
+    pub n_block_min: u32,
     pub n_blocks: u32,
+}
+
+impl Tile {
+    /// The tile of query block `m_block` of `head` in `batch`, with its key blocks.
+    #[inline(always)]
+    pub fn new<K: KernelTraits>(p: &FwdParams, m_block: u32, head: u32, batch: u32) -> Self {
+        let row0 = fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N);
+        let (first, end) = K::Mask::tile_blocks(p, row0, K::BLOCK_M, K::BLOCK_N);
+        Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: first, n_blocks: if end > first { end - first } else { 0 } }
+    }
+
+    /// The key block of step `i` (of `n_blocks`, from the last block down).
+    #[inline(always)]
+    pub fn key_block(&self, i: u32) -> u32 {
+        self.n_block_min + self.n_blocks - 1 - i
+    }
 }
 
 /// The numbering of tiles. In a cluster of `c` CTAs a number names `c` consecutive query
@@ -63,16 +83,7 @@ impl<K: KernelTraits> TileOrder<K> {
     pub fn tile(&self, t: u32, p: &FwdParams) -> Tile {
         let (unit, hb) = fa3::tile_unit_and_head(t, self.units, p.section_log2);
         let m_block = unit * K::CLUSTER + self.rank;
-        let head = hb.checked_rem(p.heads_q).unwrap_or(0);
-        let row0 = fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N);
-        Tile {
-            m_block,
-            row0,
-            head,
-            head_k: p.kv_head(head),
-            batch: hb.checked_div(p.heads_q).unwrap_or(0),
-            n_blocks: p.n_blocks(row0, K::BLOCK_M, K::BLOCK_N),
-        }
+        Tile::new::<K>(p, m_block, hb.checked_rem(p.heads_q).unwrap_or(0), hb.checked_div(p.heads_q).unwrap_or(0))
     }
 }
 
@@ -224,6 +235,9 @@ impl<K: KernelTraits> TileSource for HandoffTiles<K> {
         if m_block == NO_TILE {
             return None;
         }
-        Some(Tile { m_block, row0: fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N), head, head_k: p.kv_head(head), batch, n_blocks })
+        let row0 = fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N);
+        // The first block is recomputed (a constant 0 but for local masks).
+        let n_block_min = K::Mask::tile_blocks(p, row0, K::BLOCK_M, K::BLOCK_N).0;
+        Some(Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min, n_blocks })
     }
 }

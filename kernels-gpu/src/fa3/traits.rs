@@ -7,7 +7,7 @@ use super::mask::{Mask, ScoreMod};
 use crate::element::{Element, a_fragment};
 use crate::ptx::regs::RegisterCount;
 use crate::ptx::wgmma::{WgmmaAcc, fence_a_operand};
-use crate::softmax::{Frag, OnlineSoftmax, mask_columns};
+use crate::softmax::{Frag, OnlineSoftmax, mask_columns, mask_columns_outside};
 use common::fa3::{KernelConfig, SmemLayout};
 use core::marker::PhantomData;
 
@@ -52,8 +52,10 @@ pub trait KernelTraits: Copy + 'static {
     /// The masked steps run their own loop, so that the unmasked loop has no mask code.
     /// Not at hdim 256 with 80-key blocks: there O, S and P take 188 of the consumers' 240
     /// registers, and the second copy of the step made ptxas 13.5 spill a register; that
-    /// kernel runs one loop whose step branches around the mask (warp-uniformly).
-    const SEPARATE_MASKED_LOOP: bool = !(Self::HDIM == 256 && Self::BLOCK_N == 80);
+    /// kernel runs one loop whose step branches around the mask (warp-uniformly). Nor
+    /// with a sliding window, whose masked steps sit at both ends: its three loops made
+    /// hdim 256 and 64 and soft-capping spill.
+    const SEPARATE_MASKED_LOOP: bool = !(Self::HDIM == 256 && Self::BLOCK_N == 80) && !<Self::Mask as Mask>::LOCAL;
     /// Registers per thread after `setmaxnreg`.
     const PRODUCER_REGS: u32 = Self::CONFIG.register_split().0;
     const CONSUMER_REGS: u32 = Self::CONFIG.register_split().1;
@@ -91,6 +93,9 @@ pub trait FragTile: Copy {
     /// Sets to `-inf` the scores of keys at or past each row's limit (see
     /// [`mask_columns`]).
     fn mask_columns(&mut self, col_2t: i32, limits: [i32; 2]);
+    /// Sets to `-inf` the scores of keys outside `[first[r], end[r])` in row `r` of this
+    /// lane (see [`mask_columns_outside`]).
+    fn mask_columns_outside(&mut self, col_2t: i32, first: [i32; 2], end: [i32; 2]);
     /// Folds the tile into the running statistics (see [`OnlineSoftmax::update`]).
     fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32) -> Option<[f32; 2]>;
 }
@@ -116,6 +121,10 @@ impl<const N: usize> FragTile for [Frag; N] {
     #[inline(always)]
     fn mask_columns(&mut self, col_2t: i32, limits: [i32; 2]) {
         mask_columns(self, col_2t, limits)
+    }
+    #[inline(always)]
+    fn mask_columns_outside(&mut self, col_2t: i32, first: [i32; 2], end: [i32; 2]) {
+        mask_columns_outside(self, col_2t, first, end)
     }
     #[inline(always)]
     fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32) -> Option<[f32; 2]> {
