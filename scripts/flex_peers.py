@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Times PyTorch FlexAttention (`torch.nn.attention.flex_attention` under torch.compile)
 on the variants our kernels have, bf16, forward and backward, causal with a block mask:
-plain causal, soft-capping at 30, ALiBi with the standard slopes 2^(-8 (h + 1) / heads).
+plain causal, soft-capping at 30, ALiBi with the standard slopes 2^(-8 (h + 1) / heads),
+and a causal sliding window of --window keys (row i sees keys i - W ..= i).
 Same timing method as `fa3 bench` and peers.py (steady state: --warmup-ms of sustained
 load, then the median of at least --iters calls spanning --timing-ms). TFLOP/s on visible
 pairs: 4 d per pair forward, 2.5x that backward (`fa3 bench`'s causal count, to 1/seqlen).
@@ -18,6 +19,7 @@ p.add_argument("--heads", type=int, default=16)
 p.add_argument("--warmup-ms", type=int, default=1000)
 p.add_argument("--timing-ms", type=int, default=300)
 p.add_argument("--iters", type=int, default=20)
+p.add_argument("--window", type=int, default=4096)
 p.add_argument("--csv", required=True)
 a = p.parse_args()
 # Without a higher limit dynamo silently falls back to the dense eager path after a few
@@ -35,6 +37,12 @@ mods = {
 }
 block_mask = create_block_mask(lambda bi, hi, qi, ki: qi >= ki, None, None, s, s, device="cuda")
 pairs = s * (s + 1) // 2
+w = a.window
+window_mask = create_block_mask(lambda bi, hi, qi, ki: (qi >= ki) & (qi - ki <= w), None, None, s, s, device="cuda")
+window_pairs = sum(min(i, w) + 1 for i in range(s))
+# name: (score_mod, block mask, visible pairs)
+variants = {name: (mod, block_mask, pairs) for name, mod in mods.items()}
+variants[f"causal_window{w}"] = (None, window_mask, window_pairs)
 rows = ["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops"]
 
 
@@ -58,15 +66,15 @@ def timed(call):
     return sorted(st.elapsed_time(en) for st, en in ev)[iters // 2]
 
 
-for name, mod in mods.items():
+for name, (mod, mask, visible) in variants.items():
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
-    fwd = lambda: flex(q, k, v, score_mod=mod, block_mask=block_mask)
+    fwd = lambda: flex(q, k, v, score_mod=mod, block_mask=mask)
     o = fwd()
     bwd = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
     for suffix, call, factor in (("", fwd, 1.0), ("-bwd", bwd, 2.5)):
         ms = timed(call)
-        tf = 4 * d * pairs * b * h * factor / (ms * 1e-3) / 1e12
+        tf = 4 * d * visible * b * h * factor / (ms * 1e-3) / 1e12
         rows.append(f"flex-{name}{suffix},bf16,{d},{s},{b},{h},1,{ms:.4f},{tf:.1f}")
         print(rows[-1], flush=True)
 open(a.csv, "w").write("\n".join(rows) + "\n")

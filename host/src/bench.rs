@@ -2,7 +2,7 @@
 use crate::api::flash_attn_func_into;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::plan::AttnOptions;
+use crate::plan::{AttnOptions, Window, visible_keys};
 use crate::tensor::{TensorMut, TensorRef};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -12,6 +12,14 @@ use std::sync::Arc;
 pub fn fwd_flops(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, hdim: usize, causal: bool) -> f64 {
     let f = 4.0 * batch as f64 * heads as f64 * seqlen_q as f64 * seqlen_k as f64 * hdim as f64;
     if causal { f / 2.0 } else { f }
+}
+
+/// Forward FLOPs of the (query, key) pairs a call computes: `4 * b * h * d` per pair that
+/// some mask leaves visible (the sliding-window tables count these; without a window
+/// [`fwd_flops`]' convention stays, which halves the causal square).
+pub fn fwd_flops_visible(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, hdim: usize, causal: bool, window: Option<Window>) -> f64 {
+    let pairs: usize = (0..seqlen_q).map(|i| visible_keys(i, seqlen_q, seqlen_k, causal, window).len()).sum();
+    4.0 * batch as f64 * heads as f64 * pairs as f64 * hdim as f64
 }
 
 /// Backward FLOPs: 2.5 times the forward's (the papers' convention: five GEMMs of the

@@ -62,6 +62,22 @@ impl Window {
     }
 }
 
+/// The keys query row `i` sees (of `seqlen_k`, with `seqlen_q` rows): all of them; up to
+/// its bottom-right diagonal under the causal mask; within the window around the
+/// diagonal.
+pub fn visible_keys(i: usize, seqlen_q: usize, seqlen_k: usize, causal: bool, window: Option<Window>) -> std::ops::Range<usize> {
+    let (sq, sk) = (seqlen_q as i64, seqlen_k as i64);
+    let diag = i as i64 + sk - sq;
+    let (left, mut right) = window.map_or((None, None), |w| (w.left, w.right));
+    if causal {
+        right = Some(right.map_or(0, |r| r.min(0)));
+    }
+    let lo = left.map_or(0, |l| (diag - l as i64).max(0));
+    let hi = right.map_or(sk, |r| (diag + r as i64 + 1).min(sk));
+    let (lo, hi) = (lo.min(sk) as usize, hi.max(0) as usize);
+    lo..hi.max(lo)
+}
+
 /// Options of an attention call, as in `flash_attn_func`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttnOptions<'a> {

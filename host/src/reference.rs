@@ -132,16 +132,7 @@ impl Problem<'_> {
     /// The keys query row `i` sees: all of them; up to its bottom-right diagonal under the
     /// causal mask; within the window around the diagonal.
     pub fn visible_range(&self, i: usize) -> std::ops::Range<usize> {
-        let (sq, sk) = (self.q.shape[1] as i64, self.k.shape[1] as i64);
-        let diag = i as i64 + sk - sq;
-        let (left, mut right) = self.window.map_or((None, None), |w| (w.left, w.right));
-        if self.causal {
-            right = Some(right.map_or(0, |r| r.min(0)));
-        }
-        let lo = left.map_or(0, |l| (diag - l as i64).max(0));
-        let hi = right.map_or(sk, |r| (diag + r as i64 + 1).min(sk));
-        let (lo, hi) = (lo.min(sk) as usize, hi.max(0) as usize);
-        lo..hi.max(lo)
+        crate::plan::visible_keys(i, self.q.shape[1], self.k.shape[1], self.causal, self.window)
     }
 
     /// Whether query row `i` sees key `j`.

@@ -6,7 +6,7 @@
 //! Without a usable GPU every test is reported as ignored and the reason is printed.
 //! `FA3_REQUIRE_GPU=1` turns that into a failure (for runs that must not skip).
 use flash_attn3::check::check;
-use flash_attn3::reference::{AttnResult, HostAlibi, HostTensor, Problem, rng};
+use flash_attn3::reference::{AttnResult, HostAlibi, HostTensor, Problem, Window, rng};
 use flash_attn3::{
     Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into, round_to,
 };
@@ -51,6 +51,8 @@ struct Case {
     softcap: Option<f32>,
     /// ALiBi, with slopes per head (`Some(false)`) or per (batch, head) (`Some(true)`).
     alibi: Option<bool>,
+    /// A sliding window (left, right).
+    window: Option<(Option<usize>, Option<usize>)>,
 }
 
 impl Case {
@@ -72,6 +74,7 @@ impl Case {
             climbing: false,
             softcap: None,
             alibi: None,
+            window: None,
         }
     }
 
@@ -85,7 +88,7 @@ impl Case {
             Some(Algo::Fa3(_)) => "fa3nows",
         };
         format!(
-            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}",
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}{}",
             algo,
             self.dtype.name(),
             self.d,
@@ -103,6 +106,10 @@ impl Case {
                 Some(false) => "_alibi",
                 None => "",
             },
+            match self.window {
+                Some((l, r)) => format!("_window{}-{}", side(l), side(r)),
+                None => String::new(),
+            },
             match self.schedule {
                 Schedule::Auto => "",
                 Schedule::Persistent => "_persistent",
@@ -113,6 +120,11 @@ impl Case {
         )
         .to_lowercase()
     }
+}
+
+/// A window side in a case's name (`inf`: unbounded).
+fn side(w: Option<usize>) -> String {
+    w.map_or("inf".into(), |w| w.to_string())
 }
 
 fn cases() -> Vec<Case> {
@@ -222,6 +234,24 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Sliding windows: narrower than a tile (5, 3), one side unbounded, rows that see no
+    // key (left-only windows with more queries than keys), GQA and MQA, strided, more
+    // tiles than SMs; with and without the causal mask, which caps the right side. Then
+    // windows with soft-capping and with ALiBi.
+    for dtype in DType::ALL {
+        for d in [64, 128, 256] {
+            for causal in [false, true] {
+                let base = Case::base(None, dtype, d, causal);
+                v.push(Case { sq: 1000, sk: 1000, window: Some((Some(100), Some(20))), ..base.clone() });
+                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, window: Some((Some(5), Some(3))), ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, window: Some((Some(64), None)), ..base.clone() });
+                v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, storage: Storage::Strided, window: Some((None, Some(40))), ..base.clone() });
+                v.push(Case { b: 3, sq: 1500, sk: 1300, hq: 8, hk: 4, window: Some((Some(200), Some(0))), ..base.clone() });
+                v.push(Case { sq: 700, sk: 1000, hq: 2, hk: 1, softcap: Some(1.5), window: Some((Some(128), Some(7))), ..base.clone() });
+                v.push(Case { sq: 1000, sk: 700, hq: 4, hk: 2, alibi: Some(causal), window: Some((Some(300), Some(64))), ..base.clone() });
+            }
+        }
+    }
     // The hdim 128 variants compute the same function as its default (every technique):
     // every technique named explicitly and no pingpong
     // (both dtypes, both masks), and the fp16 ablation kernels.
@@ -279,7 +309,8 @@ fn run_once(
         Some(a) => Some(stream.clone_htod(a.slopes)?),
         None => None,
     };
-    let mut opts = AttnOptions { algo: c.algo, softcap: c.softcap, ..AttnOptions::default().causal(c.causal).schedule(schedule) };
+    let window = c.window.map(|(left, right)| Window { left, right });
+    let mut opts = AttnOptions { algo: c.algo, softcap: c.softcap, window, ..AttnOptions::default().causal(c.causal).schedule(schedule) };
     if let (Some(dev), Some(a)) = (&slopes, p.alibi) {
         opts = opts.alibi(dev, a.per_batch);
     }
@@ -304,7 +335,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
     let slopes = support::alibi_slopes(c.b, c.hq, c.alibi == Some(true));
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: c.window.map(|(left, right)| Window { left, right }) };
 
     let stream = gpu.new_stream()?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| {

@@ -9,7 +9,7 @@
 use cudarc::driver::CudaStream;
 use flash_attn3::check::check_backward;
 use flash_attn3::reference::backward::Grads as HostGrads;
-use flash_attn3::reference::{HostAlibi, HostTensor, Problem, rng};
+use flash_attn3::reference::{HostAlibi, HostTensor, Problem, Window, rng};
 use flash_attn3::{
     AttnError, AttnOptions, DType, DeviceTensor, Gpu, Layout, backward_workspace_bytes, flash_attn_backward_into,
     flash_attn_func,
@@ -38,16 +38,18 @@ struct Case {
     softcap: Option<f32>,
     /// ALiBi, slopes per head (`Some(false)`) or per (batch, head) (`Some(true)`).
     alibi: Option<bool>,
+    /// A sliding window (left, right).
+    window: Option<(Option<usize>, Option<usize>)>,
 }
 
 impl Case {
     fn base(dtype: DType, d: usize, causal: bool) -> Self {
-        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None, alibi: None }
+        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None, alibi: None, window: None }
     }
 
     fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}",
+            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}",
             self.dtype.name(),
             self.d,
             self.b,
@@ -64,8 +66,22 @@ impl Case {
                 Some(false) => "_alibi",
                 None => "",
             },
+            match self.window {
+                Some((l, r)) => format!("_window{}-{}", side(l), side(r)),
+                None => String::new(),
+            },
         )
     }
+}
+
+/// A window side in a case's name (`inf`: unbounded).
+fn side(w: Option<usize>) -> String {
+    w.map_or("inf".into(), |w| w.to_string())
+}
+
+/// The case's window, as the API and the reference take it.
+fn window_of(c: &Case) -> Option<Window> {
+    c.window.map(|(left, right)| Window { left, right })
 }
 
 fn cases() -> Vec<Case> {
@@ -122,6 +138,23 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Sliding windows: narrower than a block (5, 3), one side unbounded, rows that see no
+    // key, GQA and MQA, strided, the deterministic kernels (whose turns follow the
+    // window's key block ranges), with soft-capping and ALiBi; both masks.
+    for dtype in DType::ALL {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let base = Case::base(dtype, d, causal);
+                v.push(Case { sq: 1000, sk: 1000, window: Some((Some(100), Some(20))), ..base.clone() });
+                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, window: Some((Some(5), Some(3))), ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, window: Some((Some(64), None)), ..base.clone() });
+                v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, strided: true, window: Some((None, Some(40))), ..base.clone() });
+                v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, window: Some((Some(200), Some(0))), ..base.clone() });
+                v.push(Case { sq: 1000, sk: 700, hq: 2, hk: 1, softcap: Some(1.5), window: Some((Some(128), Some(7))), ..base.clone() });
+                v.push(Case { sq: 700, sk: 700, hq: 4, hk: 2, alibi: Some(causal), deterministic: dtype == DType::F16, window: Some((Some(300), Some(64))), ..base });
+            }
+        }
+    }
     v
 }
 
@@ -149,7 +182,7 @@ fn launch(
     let (qs, ks) = ([c.b, c.sq, c.hq, c.d], [c.b, c.sk, c.hk, c.d]);
     let mut grads = [poisoned(qs)?, poisoned(ks)?, poisoned(ks)?];
     let [q, k, v, dout] = inputs;
-    let mut opts = AttnOptions { softcap: c.softcap, ..AttnOptions::default().causal(c.causal).deterministic(c.deterministic) };
+    let mut opts = AttnOptions { softcap: c.softcap, window: window_of(c), ..AttnOptions::default().causal(c.causal).deterministic(c.deterministic) };
     if let Some(per_batch) = c.alibi {
         opts = opts.alibi(slopes, per_batch);
     }
@@ -182,7 +215,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let dout = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
     let slopes = support::alibi_slopes(c.b, c.hq, c.alibi == Some(true));
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c) };
 
     let stream = gpu.new_stream()?;
     let dev_slopes = stream.clone_htod(&slopes)?;
@@ -193,7 +226,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     } else {
         [upload(&q, packed(&q))?, upload(&k, packed(&k))?, upload(&v, packed(&v))?, upload(&dout, packed(&dout))?]
     };
-    let mut fwd_opts = AttnOptions { softcap: c.softcap, ..AttnOptions::default().causal(c.causal) };
+    let mut fwd_opts = AttnOptions { softcap: c.softcap, window: window_of(c), ..AttnOptions::default().causal(c.causal) };
     if let Some(per_batch) = c.alibi {
         fwd_opts = fwd_opts.alibi(&dev_slopes, per_batch);
     }

@@ -590,3 +590,58 @@ fn alibi_picks_the_alibi_kernel_and_checks_its_slopes() {
     c.opts = c.opts.softmax_scale(0.0);
     assert!(matches!(c.err(), AttnError::Unsupported(_)), "ALiBi needs a positive scale");
 }
+
+#[test]
+fn a_window_picks_the_local_kernel_with_its_bounds_and_causal_folded_in() {
+    // q 300 rows, k 500 keys: row i's diagonal key is i + 200.
+    for (hdim, name) in [(64, "fa3_fwd_hdim64_bf16_local"), (128, "fa3_fwd_hdim128_bf16_local"), (256, "fa3_fwd_hdim256_bf16_n64_local")] {
+        let mut c = Call::shaped([2, 300, 8, hdim], [2, 500, 2, hdim], DType::BF16);
+        c.opts = c.opts.window(Some(64), Some(16));
+        let plan = c.plan().unwrap();
+        assert_eq!((plan.kernel.name, plan.kernel.mask), (name, common::MaskKind::Local));
+        assert_eq!((plan.params.window.left, plan.params.window.right), (64, 16));
+    }
+    // hdim 256 keeps 64-key blocks with a window past 4096 keys (no 80-key local kernel).
+    let mut c = Call::shaped([1, 300, 8, 256], [1, 8192, 2, 256], DType::F16);
+    c.opts = c.opts.window(Some(4096), None);
+    assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim256_f16_n64_local");
+    // Causal caps the right side at 0; unbounded sides are the longer length.
+    let mut c = Call::good();
+    c.opts = c.opts.window(None, Some(7)).causal(true);
+    let w = c.plan().unwrap().params.window;
+    assert_eq!((w.left, w.right), (500, 0));
+    // Huge windows are unbounded ones, and combine with soft-capping and ALiBi.
+    let mut c = Call::good();
+    c.opts = c.opts.window(Some(usize::MAX), Some(3)).softcap(30.0);
+    let plan = c.plan().unwrap();
+    assert_eq!((plan.kernel.name, plan.params.window.left), ("fa3_fwd_hdim128_bf16_softcap_local", 500));
+    let mut c = Call::good();
+    c.opts = c.opts.window(Some(10), Some(0));
+    c.alibi = Some(AlibiDesc { addr: BASE + (20 << 36), len: 8, per_batch: false });
+    assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim128_bf16_alibi_local");
+    // A window bounded on neither side is no window: the plain kernel.
+    let mut c = Call::good();
+    c.opts = c.opts.window(None, None);
+    assert_eq!(c.plan().unwrap().kernel.mask, common::MaskKind::Causal);
+}
+
+#[test]
+fn a_window_has_no_fa2_ablation_or_multicast_kernel_and_a_length_limit() {
+    let long = [1, 4096, 16, 128];
+    let mut c = Call::shaped(long, long, DType::F16);
+    c.opts = c.opts.window(Some(256), Some(256));
+    assert_eq!(c.plan().unwrap().kernel.cluster, 1, "no multicast by default with a window");
+    for opts in [
+        AttnOptions::default().window(Some(8), None).algo(Algo::Fa2),
+        AttnOptions::default().window(Some(8), None).algo(Algo::Fa3(Techniques::NO_OVERLAP)),
+        AttnOptions::default().window(Some(8), None).schedule(Schedule::PersistentMulticast),
+    ] {
+        let mut c = Call::shaped(long, long, DType::F16);
+        c.opts = opts;
+        assert!(matches!(c.err(), AttnError::Unsupported(_)), "{opts:?}");
+    }
+    let huge = [1, (1 << 29) + 1, 1, 64];
+    let mut c = Call::shaped(huge, [1, 64, 1, 64], DType::F16);
+    c.opts = c.opts.window(Some(8), Some(8));
+    assert!(matches!(c.err(), AttnError::TooLarge(_)));
+}

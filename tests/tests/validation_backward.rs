@@ -201,3 +201,23 @@ fn alibi_backward_uses_the_alibi_main_kernel_and_checks_its_slopes() {
         assert!(matches!(err(&t, &AttnOptions::default()), AttnError::OutOfBounds { arg: Arg::AlibiSlopes, .. }));
     }
 }
+
+#[test]
+fn a_window_backward_uses_the_local_main_kernel_and_never_the_rotated_order() {
+    for d in [64, 128] {
+        let t = good(d);
+        let opts = AttnOptions::default().window(Some(100), Some(20));
+        let plan = plan_backward(&t, &opts, 132).unwrap();
+        assert_eq!(plan.launches[1].kernel.mask, common::MaskKind::Local);
+        assert_eq!(plan.launches[0].kernel.mask, common::MaskKind::Causal, "the preprocess serves every mask");
+        assert_eq!((plan.params.window.left, plan.params.window.right), (100, 20));
+        // Without the window this call gets the rotated order (see above); with it, the
+        // CTAs of a key block see a range of query blocks that the rotation would leave.
+        let det = plan_backward(&t, &opts.deterministic(true), 132).unwrap();
+        assert_eq!(det.params.dq_order, DqOrder::Descending as u32);
+        assert_eq!(det.launches[1].kernel.kind, common::KernelKind::Backward(BwdStage::MainDeterministic));
+        assert_eq!(det.launches[1].kernel.mask, common::MaskKind::Local);
+        let causal = plan_backward(&t, &AttnOptions::default().causal(true).window(Some(30), None), 132).unwrap();
+        assert_eq!((causal.params.window.left, causal.params.window.right), (30, 0));
+    }
+}

@@ -5,7 +5,7 @@ mod cli;
 
 use clap::Parser;
 use cli::{BenchArgs, Cli, Command, InfoArgs, PassArg, PlotArgs, RunArgs, Shape};
-use flash_attn3::bench::{TimingPlan, fwd_flops, time_calls, time_forward};
+use flash_attn3::bench::{TimingPlan, fwd_flops, fwd_flops_visible, time_calls, time_forward};
 use flash_attn3::check::{check, check_backward};
 use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
 use flash_attn3::plot::{self, PlotError, Point};
@@ -14,7 +14,7 @@ use flash_attn3::reference::{
 };
 use flash_attn3::{
     AttnError, AttnOptions, DType, DeviceTensor, Gpu, backward_workspace_bytes, flash_attn_backward, flash_attn_backward_into, flash_attn_func,
-    flash_attn_func_into,
+    flash_attn_func_into, Window,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
@@ -164,6 +164,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         scale,
         softcap,
         alibi,
+        window,
         output,
         check: do_check,
         backward,
@@ -180,7 +181,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         Ok(g) => g,
         Err(e @ (AttnError::NoDriver | AttnError::NoDevice { .. } | AttnError::UnsupportedGpu { .. })) => {
             println!("no usable GPU ({e}); computing a small case on the CPU reference instead (NOT a GPU result)");
-            return cpu_demo(causal, softcap, alibi, seed, backward);
+            return cpu_demo(causal, softcap, alibi, window, seed, backward);
         }
         Err(e) => return Err(e.into()),
     };
@@ -209,7 +210,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
-    let mut opts = AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(deterministic) };
+    let mut opts = AttnOptions { algo, window, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(deterministic) };
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
     }
@@ -267,7 +268,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
             softcap,
             alibi: alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false }),
-            window: None,
+            window,
         };
         let report = check(&p, inputs.dtype, &AttnResult { o, lse });
         println!("check: {report}");
@@ -284,8 +285,13 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// A window side in a series name (`inf`: unbounded).
+fn side(w: Option<usize>) -> String {
+    w.map_or("inf".into(), |w| w.to_string())
+}
+
 /// The no-GPU path: the tiled FlashAttention algorithm on the CPU against the f64 reference.
-fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, seed: u64, backward: bool) -> CliResult<()> {
+fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, window: Option<Window>, seed: u64, backward: bool) -> CliResult<()> {
     let (b, s, h, d) = (1, 300, 2, 64);
     let mut r = rng(seed);
     let dtype = DType::BF16;
@@ -297,14 +303,14 @@ fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, seed: u64, backward
     }
     let slopes = standard_alibi_slopes(h);
     let alibi = alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false });
-    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap, alibi, window: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap, alibi, window };
     let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
     let err = max_abs_err(&tiled.o, &exact.o);
     let lse_err = max_abs_err(&tiled.lse, &exact.lse);
     println!(
         "CPU reference (no GPU): tiled online-softmax algorithm, {b}x{s}x{h}x{d} bf16 inputs, causal={causal}, \
-         softcap={softcap:?}, alibi={}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
+         softcap={softcap:?}, alibi={}, window={window:?}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
         p.alibi.is_some()
     );
     if err > 1e-5 || lse_err > 1e-4 {
@@ -416,6 +422,10 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
         (false, true) => format!("-alibi{suffix}"),
         _ => suffix.to_string(),
     };
+    let suffix = match a.window {
+        Some(w) => format!("-window{}-{}{suffix}", side(w.left), side(w.right)),
+        None => suffix,
+    };
     // On stderr, and only where it is a terminal: logs and stdout stay clean.
     let total = hdims.len() * seqlens.len() * causal_modes.len();
     let progress = ProgressBar::new(total as u64).with_style(progress_style());
@@ -437,6 +447,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                 let mut opts = AttnOptions {
                     algo,
                     softcap: a.softcap,
+                    window: a.window,
                     ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic)
                 };
                 if let Some(dev) = &slopes {
@@ -466,7 +477,11 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     let mut o = out.view_mut(shape);
                     time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, a.warmup, a.warmup_ms, iters, a.timing_ms)?
                 };
-                let tflops = flops_factor * fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
+                let flops = match a.window {
+                    Some(w) => fwd_flops_visible(batch, heads, seqlen, seqlen, hdim, causal, Some(w)),
+                    None => fwd_flops(batch, heads, seqlen, seqlen, hdim, causal),
+                };
+                let tflops = flops_factor * flops / (t.median_ms * 1e-3) / 1e12;
                 progress.suspend(|| {
                     println!(
                         "{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1} {:>8.1}",

@@ -1,6 +1,6 @@
 //! The command line of `fa3`: subcommands, flags and their value parsers.
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
-use flash_attn3::{Algo, DType, Schedule, Techniques};
+use flash_attn3::{Algo, DType, Schedule, Techniques, Window};
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -67,6 +67,10 @@ pub struct RunArgs {
     /// ALiBi with the standard slopes 2^(-8 (h + 1) / heads)
     #[arg(long)]
     pub alibi: bool,
+    /// Sliding window L,R: row i sees keys i + (sk - sq) - L ..= i + (sk - sq) + R; "inf"
+    /// or -1 leaves a side unbounded (FlashAttention's window_size)
+    #[arg(long, value_name = "L,R", value_parser = parse_window, allow_hyphen_values = true)]
+    pub window: Option<Window>,
     /// Write o and lse to a safetensors file
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -148,6 +152,10 @@ pub struct BenchArgs {
     /// ALiBi with the standard slopes (the ALiBi kernels)
     #[arg(long)]
     pub alibi: bool,
+    /// Sliding window L,R (the local kernels; TFLOP/s then count the visible pairs): row i sees keys i + (sk - sq) - L ..= i + (sk - sq) + R; "inf"
+    /// or -1 leaves a side unbounded (FlashAttention's window_size)
+    #[arg(long, value_name = "L,R", value_parser = parse_window, allow_hyphen_values = true)]
+    pub window: Option<Window>,
     /// Write the results as CSV (impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops)
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
@@ -362,6 +370,18 @@ pub fn parse_list(s: &str) -> Result<List, String> {
     Ok(List(v))
 }
 
+/// `L,R`: each side a key count, or `inf` / `-1` for unbounded.
+pub fn parse_window(s: &str) -> Result<Window, String> {
+    let side = |x: &str| match x.trim() {
+        "inf" | "-1" => Ok(None),
+        x => x.parse::<usize>().map(Some).map_err(|_| format!("expected a key count, inf or -1, got {x:?} in {s:?}")),
+    };
+    match s.split(',').collect::<Vec<_>>()[..] {
+        [l, r] => Ok(Window { left: side(l)?, right: side(r)? }),
+        _ => Err(format!("expected L,R, got {s:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,5 +400,10 @@ mod tests {
         assert_eq!(parse_list("64, 128,256"), Ok(List(vec![64, 128, 256])));
         assert!(parse_list("64,,128").is_err());
         assert!(parse_list("0").is_err());
+        assert_eq!(parse_window("4096,0"), Ok(Window { left: Some(4096), right: Some(0) }));
+        assert_eq!(parse_window("inf, 7"), Ok(Window { left: None, right: Some(7) }));
+        assert_eq!(parse_window("-1,-1"), Ok(Window { left: None, right: None }));
+        assert!(parse_window("5").is_err());
+        assert!(parse_window("-2,0").is_err());
     }
 }
