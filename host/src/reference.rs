@@ -74,6 +74,9 @@ pub struct Problem<'a> {
     pub alibi: Option<HostAlibi<'a>>,
     /// Sliding window (with `causal`, its right edge is at most the diagonal).
     pub window: Option<Window>,
+    /// Attention sinks: one logit per query head, `[heads_q]`, that joins every row's
+    /// softmax denominator (and nothing else: it has no value).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// ALiBi's standard slopes for `heads` heads (Press et al.): `2^(-8 (h + 1) / heads)`.
@@ -111,6 +114,11 @@ impl Problem<'_> {
     /// [`Problem::logit_f64`] in f32.
     pub fn logit_f32(&self, x: f32, b: usize, h: usize, i: usize, j: usize) -> f32 {
         self.softcap.map_or(x, |c| c * (x / c).tanh()) - self.alibi_bias(b, h, i, j)
+    }
+
+    /// Head `h`'s sink logit, if any.
+    pub fn sink(&self, h: usize) -> Option<f32> {
+        self.sinks.map(|s| s[h])
     }
 
     /// ALiBi's `slope_h · |i + seqlen_k − seqlen_q − j|` (0 without ALiBi).
@@ -207,17 +215,19 @@ pub fn attention_f64(p: &Problem<'_>) -> AttnResult<f64> {
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
         let keys = p.visible_range(i);
+        let sink = p.sink(h).map(f64::from);
         if keys.is_empty() {
-            return f64::INFINITY;
+            // O = 0; the sink alone makes the denominator.
+            return sink.unwrap_or(f64::INFINITY);
         }
         let q = p.q.row(b, i, h);
         let s: Vec<f64> = keys
             .clone()
             .map(|j| p.logit_f64(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale, b, h, i, j))
             .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let m = s.iter().cloned().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
         let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
-        let sum: f64 = e.iter().sum();
+        let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
         for (j, &ej) in keys.zip(&e) {
             let w = ej / sum;
             for (oc, &vc) in o.iter_mut().zip(p.v.row(b, j, hkv)) {
@@ -236,17 +246,18 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
         let keys = p.visible_range(i);
+        let sink = p.sink(h);
         if keys.is_empty() {
-            return f32::INFINITY;
+            return sink.unwrap_or(f32::INFINITY);
         }
         let q = p.q.row(b, i, h);
         let s: Vec<f32> = keys
             .clone()
             .map(|j| p.logit_f32(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale, b, h, i, j))
             .collect();
-        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let m = s.iter().cloned().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
         let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
-        let sum: f32 = e.iter().sum();
+        let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |x| (x - m).exp());
         for (j, &ej) in keys.zip(&e) {
             let w = round_to(dtype, ej / sum);
             for (oc, &vc) in o.iter_mut().zip(p.v.row(b, j, hkv)) {
@@ -329,6 +340,15 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
                 }
             }
         }
+        if let Some(sink) = p.sink(h) {
+            // As the kernels' epilogue: the sink joins the sum, both taken relative to the
+            // larger of the row's max logit and the sink.
+            let (factor, lse) = fold_sink(m, score_scale, l, sink);
+            for (oc, a) in o.iter_mut().zip(&acc) {
+                *oc = round(a * factor);
+            }
+            return lse;
+        }
         if l == 0.0 {
             return f32::INFINITY;
         }
@@ -337,6 +357,19 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
         }
         m * score_scale + l.ln()
     })
+}
+
+/// A sink logit folded into a row's softmax at the end (the FA3 epilogue's rule): `max`
+/// is the row's running max of the scores (`-inf` if it saw no key), `score_scale` turns
+/// it into a logit, `sum` is `Σ exp(logit − max logit)`. Returns the factor of the
+/// unnormalised output (`1 / denominator` relative to the max) and the LSE, both taken
+/// relative to the larger of the max logit and the sink, so nothing overflows.
+pub fn fold_sink(max: f32, score_scale: f32, sum: f32, sink: f32) -> (f32, f32) {
+    let a = if max == f32::NEG_INFINITY { f32::NEG_INFINITY } else { max * score_scale };
+    let m = a.max(sink);
+    let (ea, es) = ((a - m).exp(), (sink - m).exp());
+    let total = sum * ea + es;
+    (ea / total, m + total.ln())
 }
 
 /// Largest absolute difference; NaN anywhere counts as infinite. Positions where the

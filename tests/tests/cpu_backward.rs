@@ -6,7 +6,7 @@
 use flash_attn3::check::grad_slack as fa_slack;
 use flash_attn3::DType;
 use flash_attn3::reference::backward::{
-    BwdTiling, Grads, attention_backward_f64, attention_backward_lowp, attention_backward_tiled,
+    sink_grads_f64, BwdTiling, Grads, attention_backward_f64, attention_backward_lowp, attention_backward_tiled,
     causal_first_query_block, visited_block_pairs,
     query_block_range, rows_seeing,
 };
@@ -71,6 +71,11 @@ fn alibi_slopes(batch: usize, heads: usize, slope: f32, per_batch: bool) -> Vec<
     if per_batch { (0..batch).flat_map(per_head).collect() } else { per_head(0).collect() }
 }
 
+/// Sink logits for `heads` heads around `base` (each head its own).
+fn sink_logits(heads: usize, base: f32) -> Vec<f32> {
+    (0..heads).map(|h| base + 0.7 * h as f32).collect()
+}
+
 /// The attention variant of case number `variant`: 0 plain, 1 soft-capped at `cap`,
 /// 2 ALiBi with `slopes`, 3 the sliding `window`.
 fn variant_of(variant: u8, cap: f32, slopes: &[f32], per_batch: bool, window: Window) -> (Option<f32>, Option<HostAlibi<'_>>, Option<Window>) {
@@ -104,13 +109,15 @@ proptest! {
     /// derivative; with ALiBi (another third, per head or per (batch, head)) the bias
     /// moves P but not dS's formula.
     #[test]
-    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..4, cap in 1.0f32..8.0, slope in 0.01f32..0.5, left in 0usize..6, right in proptest::option::of(0usize..6)) {
+    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..4, cap in 1.0f32..8.0, slope in 0.01f32..0.5, left in 0usize..6, right in proptest::option::of(0usize..6), sink in proptest::option::of(-3.0f32..3.0)) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
-        // A sliding window in the last quarter of the cases.
+        // A sliding window in the last quarter of the cases; sinks in half of them.
         let (softcap, alibi, window) = variant_of(variant, cap, &slopes, s.seed % 2 == 1, Window { left: Some(left), right });
-        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window }, &dout);
+        let sink_logits = sink.map(|x| sink_logits(hq, x));
+        let sinks = sink_logits.as_deref();
+        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks }, &dout);
         const H: f32 = 1.0 / 65536.0;
         for (name, which, g) in [("dQ", 0, &grads.dq), ("dK", 1, &grads.dk), ("dV", 2, &grads.dv)] {
             let x = [&q, &k, &v][which];
@@ -120,13 +127,29 @@ proptest! {
                     t.data[idx] += delta;
                     let mut qkv = [&q, &k, &v];
                     qkv[which] = &t;
-                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi, window };
+                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi, window, sinks };
                     (loss(&p, &dout), t.data[idx] as f64)
                 };
                 let ((l_plus, x_plus), (l_minus, x_minus)) = (at(H), at(-H));
                 let fd = (l_plus - l_minus) / (x_plus - x_minus);
                 let tol = 1e-7 * want.abs().max(1.0);
                 prop_assert!((fd - want).abs() <= tol, "{name}[{idx}]: backward {want:e}, finite difference {fd:e}");
+            }
+        }
+        // The sinks' gradient, by the same differences on each sink logit.
+        if let Some(logits) = &sink_logits {
+            let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks };
+            let g = sink_grads_f64(&p, &dout);
+            prop_assert_eq!(g.len(), hq);
+            for (h, &want) in g.iter().enumerate() {
+                let at = |delta: f32| {
+                    let mut t = logits.clone();
+                    t[h] += delta;
+                    (loss(&Problem { sinks: Some(&t), ..p }, &dout), t[h] as f64)
+                };
+                let ((l_plus, x_plus), (l_minus, x_minus)) = (at(H), at(-H));
+                let fd = (l_plus - l_minus) / (x_plus - x_minus);
+                prop_assert!((fd - want).abs() <= 1e-7 * want.abs().max(1.0), "dsink[{h}]: backward {want:e}, finite difference {fd:e}");
             }
         }
     }
@@ -140,12 +163,13 @@ proptest! {
     /// rows that see no key, from the tiled forward's O and LSE; with soft-capping or
     /// ALiBi too.
     #[test]
-    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..4, cap in 0.5f32..20.0, slope in 0.01f32..1.0, left in proptest::option::of(0usize..40), right in proptest::option::of(0usize..40)) {
+    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..4, cap in 0.5f32..20.0, slope in 0.01f32..1.0, left in proptest::option::of(0usize..40), right in proptest::option::of(0usize..40), sink in proptest::option::of(-3.0f32..3.0)) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
         let (softcap, alibi, window) = variant_of(variant, cap, &slopes, s.seed % 2 == 1, Window { left, right });
-        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window };
+        let sink_logits = sink.map(|x| sink_logits(hq, x));
+        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks: sink_logits.as_deref() };
         let exact = attention_backward_f64(&p, &dout);
         let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
         let tiled = attention_backward_tiled(&p, &dout, &fwd.o, &fwd.lse, tiling, None);
@@ -239,7 +263,7 @@ fn lowp_backward_error_is_small_but_nonzero() {
         for dtype in DType::ALL {
             let (sq, sk, causal) = [(48, 48, false), (48, 48, true), (33, 70, true), (70, 33, false)][seed as usize];
             let [q, k, v, dout] = inputs(1, sq, sk, 4, 2, 32, dtype, seed);
-            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None, window: None };
+            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None, window: None, sinks: None };
             let exact = attention_backward_f64(&p, &dout);
             let errs = rel_errs(&attention_backward_lowp(&p, &dout, dtype), &exact);
             let [eq, ek, ev] = errs;
@@ -267,7 +291,7 @@ fn tiled_lowp_backward_is_within_twice_the_naive_error() {
         for (case, &(sq, sk, causal)) in shapes.iter().enumerate() {
             for seed in 0..3u64 {
                 let [q, k, v, dout] = inputs(1, sq, sk, 2, 1, 64, dtype, seed * 16 + case as u64);
-                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None, window: None };
+                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None, window: None, sinks: None };
                 let exact = attention_backward_f64(&p, &dout);
                 let naive = attention_backward_lowp(&p, &dout, dtype).max_abs_err(&exact);
                 for tiling in tilings {
@@ -318,7 +342,7 @@ fn rows_without_keys_give_zero_dq_and_add_nothing_to_dk_dv() {
     let (q2, dout2) = (garble(&q, 77), garble(&dout, 78));
     let odd_tiles = BwdTiling { block_m: 3, block_n: 16 };
     let run = |q: &HostTensor, dout: &HostTensor| -> Vec<Grads<f64>> {
-        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None };
+        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None };
         let fwd = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
         assert!(fwd.lse.iter().enumerate().all(|(r, &l)| (r % sq < empty_rows) == (l == f32::INFINITY)));
         let widen = |g: Grads<f32>| Grads {
@@ -361,7 +385,7 @@ proptest! {
         causal in any::<bool>(), left in proptest::option::of(0usize..50), right in proptest::option::of(0usize..50),
     ) {
         let (q, k) = (HostTensor::new([1, sq, 1, 1], vec![0.0; sq]), HostTensor::new([1, sk, 1, 1], vec![0.0; sk]));
-        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(Window { left, right }) };
+        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(Window { left, right }), sinks: None };
         for j in 0..sk {
             let want: Vec<usize> = (0..sq).filter(|&i| p.sees(i, j)).collect();
             prop_assert_eq!(rows_seeing(&p, j).collect::<Vec<_>>(), want, "key {}", j);

@@ -335,7 +335,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
     let slopes = support::alibi_slopes(c.b, c.hq, c.alibi == Some(true));
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: c.window.map(|(left, right)| Window { left, right }) };
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: c.window.map(|(left, right)| Window { left, right }), sinks: None };
 
     let stream = gpu.new_stream()?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| {

@@ -215,7 +215,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let dout = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
     let slopes = support::alibi_slopes(c.b, c.hq, c.alibi == Some(true));
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c) };
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c), sinks: None };
 
     let stream = gpu.new_stream()?;
     let dev_slopes = stream.clone_htod(&slopes)?;

@@ -269,6 +269,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             softcap,
             alibi: alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false }),
             window,
+            sinks: None,
         };
         let report = check(&p, inputs.dtype, &AttnResult { o, lse });
         println!("check: {report}");
@@ -303,7 +304,7 @@ fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, window: Option<Wind
     }
     let slopes = standard_alibi_slopes(h);
     let alibi = alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false });
-    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap, alibi, window };
+    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap, alibi, window, sinks: None };
     let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
     let err = max_abs_err(&tiled.o, &exact.o);

@@ -145,6 +145,36 @@ pub fn attention_backward_lowp(p: &Problem<'_>, dout: &HostTensor, dtype: DType)
     backward_naive(p, dout, &fwd, Some(dtype))
 }
 
+/// Exact gradient of the sink logits (`p.sinks`, `[heads_q]`) in f64: a sink's
+/// probability `exp(sink_h − LSE_i)` times its `dP` (0: it has no value) less `D_i`,
+/// summed over the head's rows of every batch: `−Σ exp(sink_h − LSE_i) · D_i`. Empty
+/// without sinks. (dQ, dK and dV need nothing more: the LSE includes the sink.)
+pub fn sink_grads_f64(p: &Problem<'_>, dout: &HostTensor) -> Vec<f64> {
+    sink_grads(p, dout, &attention_f64(p))
+}
+
+/// [`sink_grads_f64`] in f32 from the naive low-precision forward (its budget).
+pub fn sink_grads_lowp(p: &Problem<'_>, dout: &HostTensor, dtype: DType) -> Vec<f32> {
+    sink_grads(p, dout, &attention_lowp(p, dtype))
+}
+
+/// `−Σ exp(sink_h − LSE_i) · D_i` per head, from a forward's O and LSE.
+fn sink_grads<T: Real>(p: &Problem<'_>, dout: &HostTensor, fwd: &AttnResult<T>) -> Vec<T> {
+    let Some(sinks) = p.sinks else { return Vec::new() };
+    let (b, sq, _, hq, _, _) = p.dims();
+    let delta = row_dots(dout, &fwd.o);
+    let mut g = vec![T::default(); hq];
+    for bi in 0..b {
+        for (h, gh) in g.iter_mut().enumerate() {
+            for i in 0..sq {
+                let r = (bi * hq + h) * sq + i;
+                *gh += T::default() - (T::of(sinks[h]) - fwd.lse[r]).exp() * delta[r];
+            }
+        }
+    }
+    g
+}
+
 /// The FlashAttention-2/3 recompute backward in f32, as the GPU kernel runs it:
 ///
 /// 1. preprocess: D = rowsum(dO ∘ O) in f32, LSE in base 2 (`lse · log2 e`; a +inf row
@@ -292,7 +322,7 @@ fn for_each_key_row<T: Copy + Send + Sync + Default>(
     p: &Problem<'_>,
     row_fn: impl Fn(usize, usize, usize, &mut [T], &mut [T]) + Sync,
 ) -> (Vec<T>, Vec<T>) {
-    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None, alibi: None, window: None };
+    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None, alibi: None, window: None, sinks: None };
     let d = p.k.shape[3];
     let rows = for_each_row(&keys, |b, kv, j, out: &mut [(T, T)]| {
         let (mut dk, mut dv) = (vec![T::default(); d], vec![T::default(); d]);
