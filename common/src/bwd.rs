@@ -345,6 +345,14 @@ pub struct BwdParams {
     pub alibi_inv_scale: f32,
     /// Local kernels: the window, as `FwdParams::window`.
     pub window: crate::window::KeyWindow,
+    /// Attention sinks: f32 logits `[heads_q]` (as `FwdParams::sinks`; the forward's LSE
+    /// includes them, so the main kernel needs nothing), their gradient `dsinks`
+    /// (`[heads_q]`, written by the postprocess) and its partial sums
+    /// `sink_partials` (f32 `[batch, heads_q, padded_rows / PREPROCESS_ROWS,
+    /// AUX_THREADS / 32]`, one per preprocess warp). 0: no sinks.
+    pub sinks: u64,
+    pub dsinks: u64,
+    pub sink_partials: u64,
 }
 
 impl BwdParams {

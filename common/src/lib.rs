@@ -250,6 +250,9 @@ pub struct FwdParams {
     pub alibi_inv_scale: f32,
     /// Local kernels ([`MaskKind::Local`]): the window, causal folded in.
     pub window: window::KeyWindow,
+    /// Attention sinks (FA3 kernels): device address of f32 logits `[heads_q]` that join
+    /// every row's softmax denominator (natural-log units, as the logits); 0: none.
+    pub sinks: u64,
     /// FA3: device address of a u32 from which CTAs claim tiles in order (a dynamic
     /// persistent schedule); 0: each CTA takes every grid-th tile.
     pub tile_counter: u64,

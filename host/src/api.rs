@@ -1,7 +1,7 @@
 //! `flash_attn_func` and `flash_attn_backward`: the public entry points.
 use crate::error::{AttnError, Result};
 use crate::gpu::Gpu;
-use crate::plan::{AlibiDesc, AttnOptions, FwdPlan, TensorDesc, plan_forward};
+use crate::plan::{AlibiDesc, AttnOptions, DeviceVec, FwdPlan, TensorDesc, plan_forward};
 use crate::plan_bwd::{BwdTensors, backward_workspace_bytes, plan_backward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
 use crate::tma::TensorMapSpec;
@@ -92,6 +92,7 @@ pub fn flash_attn_func_into(
     let (o_ptr, _o_sync) = out.slice.device_ptr_mut(stream);
     let (lse_ptr, _lse_sync) = lse.device_ptr_mut(stream);
     let (alibi, _alibi_sync) = alibi_desc(opts, stream);
+    let (sinks, _sinks_sync) = sinks_desc(opts, stream);
     let plan = plan_forward(
         &desc(q, q_ptr),
         &desc(k, k_ptr),
@@ -100,9 +101,21 @@ pub fn flash_attn_func_into(
         (lse_ptr, lse_len),
         opts,
         alibi,
+        sinks,
         gpu.info().sm_count,
     )?;
     launch(gpu, stream, &plan)
+}
+
+/// The options' sink logits as the planners take them, and their read guard.
+fn sinks_desc<'a>(opts: &AttnOptions<'a>, stream: &'a Arc<CudaStream>) -> (Option<DeviceVec>, Option<SyncOnDrop<'a>>) {
+    match opts.sinks {
+        Some(s) => {
+            let (addr, sync) = s.device_ptr(stream);
+            (Some(DeviceVec { addr, len: s.len() }), Some(sync))
+        }
+        None => (None, None),
+    }
 }
 
 /// The options' ALiBi slopes as the planners take them, and the guard that orders the
@@ -151,7 +164,7 @@ fn launch_with(stream: &Arc<CudaStream>, f: &CudaFunction, cfg: LaunchConfig, pl
     Ok(())
 }
 
-/// dQ, dK and dV of a backward pass.
+/// dQ, dK and dV of a backward pass (and the sinks' gradient, with sinks).
 pub struct Grads {
     /// `[batch, seqlen_q, heads_q, hdim]`, q's dtype, packed.
     pub dq: DeviceTensor,
@@ -160,6 +173,9 @@ pub struct Grads {
     pub dk: DeviceTensor,
     /// As `dk`.
     pub dv: DeviceTensor,
+    /// With `AttnOptions::sinks`: the gradient of the sink logits, `[heads_q]` f32 (summed
+    /// over the batch in a fixed order: bit-identical across runs).
+    pub dsinks: Option<CudaSlice<f32>>,
 }
 
 /// The gradients of a loss with respect to q, k and v, given the forward's inputs, its
@@ -186,14 +202,22 @@ pub fn flash_attn_backward(
     let mut dq = DeviceTensor::alloc(stream, q.dtype(), q.layout.shape)?;
     let mut dk = DeviceTensor::alloc(stream, k.dtype(), k.layout.shape)?;
     let mut dv = DeviceTensor::alloc(stream, v.dtype(), v.layout.shape)?;
-    flash_attn_backward_into(gpu, stream, q, k, v, out, lse, dout, &mut dq.as_mut(), &mut dk.as_mut(), &mut dv.as_mut(), None, opts)?;
-    Ok(Grads { dq, dk, dv })
+    // SAFETY: the postprocess writes every element (one per query head).
+    let mut dsinks = match opts.sinks {
+        Some(_) => Some(unsafe { stream.alloc::<f32>(q.layout.shape[2]) }?),
+        None => None,
+    };
+    let grads = (&mut dq.as_mut(), &mut dk.as_mut(), &mut dv.as_mut());
+    flash_attn_backward_into(gpu, stream, q, k, v, out, lse, dout, grads.0, grads.1, grads.2, dsinks.as_mut(), None, opts)?;
+    Ok(Grads { dq, dk, dv, dsinks })
 }
 
 /// As [`flash_attn_backward`], writing into caller-given (possibly strided) `dq`, `dk`,
 /// `dv`, with the scratch in `workspace` when given (at least
 /// [`backward_workspace_bytes`] bytes, 256-byte aligned as cudarc allocates; no
 /// allocation is made then). The gradients must not overlap each other or the inputs.
+/// `dsinks`: with `AttnOptions::sinks`, where their gradient goes (`[heads_q]` f32);
+/// `None` leaves the sinks undifferentiated (dQ, dK and dV are the same either way).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_backward_into(
     gpu: &Gpu,
@@ -207,6 +231,7 @@ pub fn flash_attn_backward_into(
     dq: &mut TensorMut<'_>,
     dk: &mut TensorMut<'_>,
     dv: &mut TensorMut<'_>,
+    dsinks: Option<&mut CudaSlice<f32>>,
     workspace: Option<&mut CudaSlice<u8>>,
     opts: &AttnOptions,
 ) -> Result<()> {
@@ -241,6 +266,15 @@ pub fn flash_attn_backward_into(
     let ws_len = workspace.len();
     let (ws_ptr, _ws_sync) = workspace.device_ptr_mut(stream);
     let (alibi, _alibi_sync) = alibi_desc(opts, stream);
+    let (sinks, _sinks_sync) = sinks_desc(opts, stream);
+    let dsinks_len = dsinks.as_ref().map_or(0, |d| d.len());
+    let (dsinks, _dsinks_sync) = match dsinks {
+        Some(d) => {
+            let (addr, sync) = d.device_ptr_mut(stream);
+            (Some(DeviceVec { addr, len: dsinks_len }), Some(sync))
+        }
+        None => (None, None),
+    };
     let tensors = BwdTensors {
         q: desc(q, q_ptr),
         k: desc(k, k_ptr),
@@ -253,6 +287,8 @@ pub fn flash_attn_backward_into(
         dv: TensorDesc { addr: dv_ptr, ..dv_desc },
         workspace: (ws_ptr, ws_len),
         alibi,
+        sinks,
+        dsinks,
     };
     let plan = plan_backward(&tensors, opts, gpu.info().sm_count)?;
     let tma = TmaBlock::encode(&plan.tma)?;

@@ -1,5 +1,5 @@
 //! Comparing a kernel's output with the CPU references under FlashAttention's rule.
-use crate::reference::backward::{Grads, attention_backward_f64, attention_backward_lowp};
+use crate::reference::backward::{Grads, attention_backward_f64, attention_backward_lowp, sink_grads_f64, sink_grads_lowp};
 use crate::reference::{AttnResult, HostTensor, Problem, attention_f64, attention_lowp, max_abs_err, within_budget};
 use crate::tensor::round_to;
 use common::DType;
@@ -114,4 +114,44 @@ pub fn check_backward(p: &Problem<'_>, dout: &HostTensor, dtype: DType, got: &Gr
     let naive = attention_backward_lowp(p, dout, dtype).max_abs_err(&exact);
     let slack = [grad_slack(&exact.dq, dtype), grad_slack(&exact.dk, dtype), grad_slack(&exact.dv, dtype)];
     BwdCheckReport { err: got.max_abs_err(&exact), naive, slack }
+}
+
+/// The sinks' gradient of a backward against the references: FlashAttention's rule with
+/// a relative slack of 1e-5 of the largest gradient (its f32 sums over every row).
+#[derive(Clone, Copy, Debug)]
+pub struct SinkCheckReport {
+    /// Largest absolute error of the kernel's dsinks.
+    pub err: f64,
+    /// Largest absolute error of the naive one ([`sink_grads_lowp`]).
+    pub naive: f64,
+    /// Absolute slack.
+    pub slack: f64,
+}
+
+impl SinkCheckReport {
+    /// Whether the error is within twice the naive one plus the slack.
+    pub fn passed(&self) -> bool {
+        within_budget(self.err, self.naive, self.slack)
+    }
+}
+
+impl std::fmt::Display for SinkCheckReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "max |dsinks - exact| = {:.3e} (naive {:.3e}, budget {:.3e}): {}",
+            self.err,
+            self.naive,
+            2.0 * self.naive + self.slack,
+            if self.passed() { "PASS" } else { "FAIL" }
+        )
+    }
+}
+
+/// Scores a backward's gradient of the sinks of `p` (`got`, `[heads_q]`).
+pub fn check_sink_grads(p: &Problem<'_>, dout: &HostTensor, dtype: DType, got: &[f32]) -> SinkCheckReport {
+    let exact = sink_grads_f64(p, dout);
+    let naive = max_abs_err(&sink_grads_lowp(p, dout, dtype), &exact);
+    let slack = 1e-5 * exact.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+    SinkCheckReport { err: max_abs_err(got, &exact), naive, slack }
 }

@@ -27,6 +27,10 @@ pub enum Arg {
     Workspace,
     /// The ALiBi slopes (`AttnOptions::alibi`).
     AlibiSlopes,
+    /// The attention sinks' logits (`AttnOptions::sinks`).
+    Sinks,
+    /// The sinks' gradient output (`dsinks`, backward).
+    DSinks,
 }
 
 impl fmt::Display for Arg {
@@ -38,6 +42,8 @@ impl fmt::Display for Arg {
             Arg::Out => "out",
             Arg::Lse => "lse",
             Arg::AlibiSlopes => "alibi_slopes",
+            Arg::Sinks => "sinks",
+            Arg::DSinks => "dsinks",
             Arg::DOut => "dout",
             Arg::Dq => "dq",
             Arg::Dk => "dk",

@@ -78,6 +78,29 @@ pub fn visible_keys(i: usize, seqlen_q: usize, seqlen_k: usize, causal: bool, wi
     lo..hi.max(lo)
 }
 
+/// A device vector of f32 as the planners see it: address and length (attention sinks
+/// and their gradient).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceVec {
+    /// Device address of element 0.
+    pub addr: u64,
+    /// Elements in the buffer.
+    pub len: usize,
+}
+
+impl DeviceVec {
+    /// Checks that the vector holds `needed` f32 at a 4-byte aligned address.
+    pub(crate) fn check(&self, arg: Arg, needed: usize) -> Result<()> {
+        if self.len < needed {
+            return Err(AttnError::OutOfBounds { arg, needed, len: self.len });
+        }
+        if self.addr % 4 != 0 {
+            return Err(AttnError::Misaligned { arg, detail: format!("address {:#x} is not 4-byte aligned", self.addr) });
+        }
+        Ok(())
+    }
+}
+
 /// Options of an attention call, as in `flash_attn_func`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttnOptions<'a> {
@@ -109,6 +132,12 @@ pub struct AttnOptions<'a> {
     /// `softcap` and `alibi`. Key blocks outside every row's window are neither loaded
     /// nor computed.
     pub window: Option<Window>,
+    /// Attention sinks: f32 logits `[heads_q]` on the device (natural-log units, as the
+    /// logits `scale · q·k`), one per query head, that join every row's softmax
+    /// denominator and nothing else. A row then has `LSE = log(exp(sink) + Σ exp(logits))`
+    /// (the sink's LSE and a zero output if it sees no key); the backward returns their
+    /// gradient. FlashAttention-3 kernels only.
+    pub sinks: Option<&'a CudaSlice<f32>>,
 }
 
 /// Grid of the FA3 kernels.
@@ -174,6 +203,13 @@ impl<'a> AttnOptions<'a> {
     /// `[batch, heads_q]` when `per_batch`.
     pub fn alibi(mut self, slopes: &'a CudaSlice<f32>, per_batch: bool) -> Self {
         self.alibi = Some(AlibiSlopes { slopes, per_batch });
+        self
+    }
+
+    /// Adds attention sinks with these logits (see
+    /// [`AttnOptions::sinks`](struct.AttnOptions.html#structfield.sinks)): `[heads_q]` f32.
+    pub fn sinks(mut self, logits: &'a CudaSlice<f32>) -> Self {
+        self.sinks = Some(logits);
         self
     }
 
@@ -400,6 +436,7 @@ pub fn plan_forward(
     lse: (u64, usize),
     opts: &AttnOptions,
     alibi: Option<AlibiDesc>,
+    sinks: Option<DeviceVec>,
     sm_count: u32,
 ) -> Result<FwdPlan> {
     if q.dtype != k.dtype || q.dtype != v.dtype {
@@ -448,6 +485,12 @@ pub fn plan_forward(
     }
     let mask = opts.mask_kind(seqlen_q, seqlen_k)?;
     let local = mask == MaskKind::Local;
+    if let Some(s) = sinks {
+        s.check(Arg::Sinks, heads_q)?;
+        if !matches!(algo, Algo::Fa3(_)) {
+            return Err(AttnError::Unsupported("attention sinks have no FlashAttention-2 kernel".into()));
+        }
+    }
     if local && algo != Algo::Fa3(Techniques::FULL) {
         return Err(AttnError::Unsupported(format!("sliding windows have kernels only for FlashAttention-3 with every technique (not {algo:?})")));
     }
@@ -517,6 +560,7 @@ pub fn plan_forward(
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
         window: opts.key_window(mask, seqlen_q, seqlen_k),
+        sinks: sinks.map_or(0, |s| s.addr),
         tile_counter: 0,
         section_log2: 0,
         tile_counter_base: 0,

@@ -1,7 +1,7 @@
 //! Validation and launch planning of the backward pass: pure functions of shapes,
 //! strides, dtypes and addresses, so every misuse is caught (and tested) without a GPU.
 use crate::error::{Arg, AttnError, Result};
-use crate::plan::{AlibiDesc, AttnOptions, TensorDesc, check_alibi, check_lse_scale_and_sizes, check_tensor, strides};
+use crate::plan::{DeviceVec, AlibiDesc, AttnOptions, TensorDesc, check_alibi, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
 use common::{KernelEntry, MaskKind, ScoreModKind};
@@ -21,6 +21,8 @@ pub struct WorkspaceLayout {
     pub dq_accum: usize,
     /// u32 per (batch, head, query block): the deterministic mode's turn counters.
     pub semaphores: usize,
+    /// f32 per (batch, head, preprocess block, warp): partial sums of the sinks' gradient.
+    pub sink_partials: usize,
     /// Bytes in all.
     pub bytes: usize,
 }
@@ -33,7 +35,17 @@ impl WorkspaceLayout {
         let vector = up(batch * heads_q * padded * 4);
         let accum = up(batch * heads_q * padded * hdim * 4);
         let semaphores = up(batch * heads_q * seqlen_q.div_ceil(bwd::block_m(hdim as u32) as usize) * 4);
-        WorkspaceLayout { lse_log2: 0, dpsum: vector, dq_accum: 2 * vector, semaphores: 2 * vector + accum, bytes: 2 * vector + accum + semaphores }
+        let warps = (bwd::AUX_THREADS / 32) as usize;
+        let partials = up(batch * heads_q * padded.div_ceil(bwd::PREPROCESS_ROWS as usize) * warps * 4);
+        let sink_partials = 2 * vector + accum + semaphores;
+        WorkspaceLayout {
+            lse_log2: 0,
+            dpsum: vector,
+            dq_accum: 2 * vector,
+            semaphores: 2 * vector + accum,
+            sink_partials,
+            bytes: sink_partials + partials,
+        }
     }
 }
 
@@ -93,6 +105,10 @@ pub struct BwdTensors {
     pub workspace: (u64, usize),
     /// ALiBi slopes, when the call has them.
     pub alibi: Option<AlibiDesc>,
+    /// The attention sinks' logits (`[heads_q]`), if the forward had them.
+    pub sinks: Option<DeviceVec>,
+    /// Where to write the sinks' gradient (`[heads_q]` f32); only with `sinks`.
+    pub dsinks: Option<DeviceVec>,
 }
 
 /// Validates a backward call and plans its launches on a GPU with `sm_count` SMs (the
@@ -214,7 +230,22 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
         window: opts.key_window(mask, seqlen_q, seqlen_k),
+        sinks: 0,
+        dsinks: 0,
+        sink_partials: 0,
     };
+    match (t.sinks, t.dsinks) {
+        (Some(s), Some(d)) => {
+            s.check(Arg::Sinks, heads_q)?;
+            d.check(Arg::DSinks, heads_q)?;
+            params.sinks = s.addr;
+            params.dsinks = d.addr;
+            params.sink_partials = ws_addr + ws.sink_partials as u64;
+        }
+        // The forward's LSE holds the sinks: dQ, dK and dV need nothing more.
+        (_, None) => {}
+        (None, Some(_)) => return Err(AttnError::Unsupported("dsinks without sinks: the call has no sinks to differentiate".into())),
+    }
     if let Some(a) = t.alibi {
         let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;
         params.alibi_slopes = a.addr;

@@ -13,6 +13,7 @@
 //! within f16 and bf16), and the sum and the output are normalised by the same stale max.
 use crate::ptx::math::{exp2, fma, fmax, ln, rcp, shfl_xor_f32, vote_any};
 use common::fa3::RESCALE_THRESHOLD_LOG2;
+use core::f32::consts::LOG2_E;
 
 /// An n-tile of the C fragment: `[c0, c1, c2, c3]` = row g cols 2t,2t+1; row g+8 cols 2t,2t+1.
 pub type Frag = [f32; 4];
@@ -125,6 +126,27 @@ impl OnlineSoftmax {
                 inv[r] = rcp(sum);
                 lse[r] = self.row_max[r] * softmax_scale + ln(sum);
             }
+        }
+        (inv, lse)
+    }
+
+    /// [`Self::finalize`] with an attention sink: the logit `sink` (natural-log units)
+    /// joins each row's denominator. Both terms are taken relative to the larger of the
+    /// row's max logit and the sink, so neither overflows; a row with no key gets the
+    /// sink's LSE and a zero factor.
+    #[inline(always)]
+    pub fn finalize_with_sink(&self, softmax_scale: f32, sink: f32) -> ([f32; 2], [f32; 2]) {
+        let mut inv = [0.0f32; 2];
+        let mut lse = [0.0f32; 2];
+        for r in 0..2 {
+            let sum = quad_sum(self.row_sum[r]);
+            let max = self.row_max[r];
+            let a = if max == f32::NEG_INFINITY { f32::NEG_INFINITY } else { max * softmax_scale };
+            let m = fmax(a, sink);
+            let (ea, es) = (exp2((a - m) * LOG2_E), exp2((sink - m) * LOG2_E));
+            let total = fma(sum, ea, es);
+            inv[r] = ea * rcp(total);
+            lse[r] = m + ln(total);
         }
         (inv, lse)
     }

@@ -53,6 +53,8 @@ struct Case {
     alibi: Option<bool>,
     /// A sliding window (left, right).
     window: Option<(Option<usize>, Option<usize>)>,
+    /// Attention sinks ([`support::sink_logits`]).
+    sinks: bool,
 }
 
 impl Case {
@@ -75,6 +77,7 @@ impl Case {
             softcap: None,
             alibi: None,
             window: None,
+            sinks: false,
         }
     }
 
@@ -88,7 +91,7 @@ impl Case {
             Some(Algo::Fa3(_)) => "fa3nows",
         };
         format!(
-            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}{}",
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}{}{}",
             algo,
             self.dtype.name(),
             self.d,
@@ -110,6 +113,7 @@ impl Case {
                 Some((l, r)) => format!("_window{}-{}", side(l), side(r)),
                 None => String::new(),
             },
+            if self.sinks { "_sinks" } else { "" },
             match self.schedule {
                 Schedule::Auto => "",
                 Schedule::Persistent => "_persistent",
@@ -252,6 +256,24 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Attention sinks (one logit per head, from below to above the rows' logits): every
+    // head dim and dtype, both masks, GQA, rows that see no key (their LSE is the sink's),
+    // strided, climbing maxima (lazy rescaling before the sink joins), more tiles than
+    // SMs, with a window, soft-capping and ALiBi.
+    for dtype in DType::ALL {
+        for d in [64, 128, 256] {
+            for causal in [false, true] {
+                let base = Case { sinks: true, ..Case::base(None, dtype, d, causal) };
+                v.push(Case { sq: 17, sk: 17, ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, storage: Storage::Strided, ..base.clone() });
+                v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 1, climbing: true, ..base.clone() });
+                v.push(Case { b: 3, sq: 1500, sk: 1300, hq: 8, hk: 4, window: Some((Some(128), Some(0))), ..base.clone() });
+                v.push(Case { sq: 500, sk: 500, hq: 4, hk: 2, softcap: Some(1.5), ..base.clone() });
+                v.push(Case { sq: 500, sk: 700, hq: 4, hk: 2, alibi: Some(false), ..base.clone() });
+            }
+        }
+    }
     // The hdim 128 variants compute the same function as its default (every technique):
     // every technique named explicitly and no pingpong
     // (both dtypes, both masks), and the fp16 ablation kernels.
@@ -310,7 +332,17 @@ fn run_once(
         None => None,
     };
     let window = c.window.map(|(left, right)| Window { left, right });
-    let mut opts = AttnOptions { algo: c.algo, softcap: c.softcap, window, ..AttnOptions::default().causal(c.causal).schedule(schedule) };
+    let sinks = match p.sinks {
+        Some(s) => Some(stream.clone_htod(s)?),
+        None => None,
+    };
+    let mut opts = AttnOptions {
+        algo: c.algo,
+        softcap: c.softcap,
+        window,
+        sinks: sinks.as_ref(),
+        ..AttnOptions::default().causal(c.causal).schedule(schedule)
+    };
     if let (Some(dev), Some(a)) = (&slopes, p.alibi) {
         opts = opts.alibi(dev, a.per_batch);
     }
@@ -335,7 +367,9 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
     let slopes = support::alibi_slopes(c.b, c.hq, c.alibi == Some(true));
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: c.window.map(|(left, right)| Window { left, right }), sinks: None };
+    let sink_logits = support::sink_logits(c.hq);
+    let sinks = c.sinks.then_some(&sink_logits[..]);
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: c.window.map(|(left, right)| Window { left, right }), sinks };
 
     let stream = gpu.new_stream()?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| {

@@ -7,7 +7,7 @@
 //!
 //! Without a usable GPU every test is reported as ignored and the reason is printed.
 use cudarc::driver::CudaStream;
-use flash_attn3::check::check_backward;
+use flash_attn3::check::{check_backward, check_sink_grads};
 use flash_attn3::reference::backward::Grads as HostGrads;
 use flash_attn3::reference::{HostAlibi, HostTensor, Problem, Window, rng};
 use flash_attn3::{
@@ -40,16 +40,18 @@ struct Case {
     alibi: Option<bool>,
     /// A sliding window (left, right).
     window: Option<(Option<usize>, Option<usize>)>,
+    /// Attention sinks ([`support::sink_logits`]), and their gradient checked.
+    sinks: bool,
 }
 
 impl Case {
     fn base(dtype: DType, d: usize, causal: bool) -> Self {
-        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None, alibi: None, window: None }
+        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None, alibi: None, window: None, sinks: false }
     }
 
     fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}",
+            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}{}",
             self.dtype.name(),
             self.d,
             self.b,
@@ -70,6 +72,7 @@ impl Case {
                 Some((l, r)) => format!("_window{}-{}", side(l), side(r)),
                 None => String::new(),
             },
+            if self.sinks { "_sinks" } else { "" },
         )
     }
 }
@@ -155,12 +158,30 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Attention sinks: dQ, dK, dV through the forward's LSE, and the sinks' gradient:
+    // GQA and rows that see no key, strided, deterministic (bit-identical dsinks too),
+    // with a window, soft-capping and ALiBi; both masks.
+    for dtype in DType::ALL {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let base = Case { sinks: true, ..Case::base(dtype, d, causal) };
+                v.push(Case { sq: 17, sk: 17, ..base.clone() });
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, strided: true, ..base.clone() });
+                v.push(Case { b: 3, sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base.clone() });
+                v.push(Case { sq: 500, sk: 500, hq: 4, hk: 4, window: Some((Some(50), Some(10))), softcap: Some(1.5), ..base.clone() });
+                v.push(Case { sq: 500, sk: 600, hq: 4, hk: 2, alibi: Some(false), ..base });
+            }
+        }
+    }
     v
 }
 
 /// The gradients of one launch.
 struct Outputs {
     grads: [DeviceTensor; 3],
+    /// The sinks' gradient, with sinks.
+    dsinks: Option<Vec<f32>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -172,6 +193,7 @@ fn launch(
     out: &DeviceTensor,
     lse: &cudarc::driver::CudaSlice<f32>,
     slopes: &cudarc::driver::CudaSlice<f32>,
+    sinks: &cudarc::driver::CudaSlice<f32>,
     workspace: Option<&mut cudarc::driver::CudaSlice<u8>>,
 ) -> Result<Outputs, Failed> {
     let layout = |shape: [usize; 4]| if c.strided { padded(shape) } else { (Layout::contiguous(shape), shape.iter().product()) };
@@ -186,6 +208,11 @@ fn launch(
     if let Some(per_batch) = c.alibi {
         opts = opts.alibi(slopes, per_batch);
     }
+    // Poisoned too: every head's gradient must be written.
+    let mut dsinks = stream.clone_htod(&vec![f32::NAN; c.hq])?;
+    if c.sinks {
+        opts = opts.sinks(sinks);
+    }
     let [dq, dk, dv] = &mut grads;
     flash_attn_backward_into(
         gpu,
@@ -199,11 +226,13 @@ fn launch(
         &mut dq.as_mut(),
         &mut dk.as_mut(),
         &mut dv.as_mut(),
+        c.sinks.then_some(&mut dsinks),
         workspace,
         &opts,
     )?;
     stream.synchronize()?;
-    Ok(Outputs { grads })
+    let dsinks = if c.sinks { Some(stream.clone_dtoh(&dsinks)?) } else { None };
+    Ok(Outputs { grads, dsinks })
 }
 
 fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
@@ -215,10 +244,13 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let dout = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
     let slopes = support::alibi_slopes(c.b, c.hq, c.alibi == Some(true));
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c), sinks: None };
+    let sink_logits = support::sink_logits(c.hq);
+    let sinks = c.sinks.then_some(&sink_logits[..]);
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c), sinks };
 
     let stream = gpu.new_stream()?;
     let dev_slopes = stream.clone_htod(&slopes)?;
+    let dev_sinks = stream.clone_htod(&sink_logits)?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| DeviceTensor::from_f32_strided(&stream, c.dtype, layout, len, &t.data, f32::NAN);
     let packed = |t: &HostTensor| (Layout::contiguous(t.shape), t.data.len());
     let inputs = if c.strided {
@@ -230,16 +262,30 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     if let Some(per_batch) = c.alibi {
         fwd_opts = fwd_opts.alibi(&dev_slopes, per_batch);
     }
+    if c.sinks {
+        fwd_opts = fwd_opts.sinks(&dev_sinks);
+    }
     let fwd = flash_attn_func(gpu, &stream, &inputs[0].as_ref(), &inputs[1].as_ref(), &inputs[2].as_ref(), &fwd_opts)?;
     let before = support::snapshot(&inputs, &stream)?;
 
-    let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, None)?;
+    let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, &dev_sinks, None)?;
     let host = |t: &DeviceTensor| t.to_f32(&stream);
     let got = HostGrads { dq: host(&first.grads[0])?, dk: host(&first.grads[1])?, dv: host(&first.grads[2])? };
     let report = check_backward(&p, &dout, c.dtype, &got);
     if !report.passed() {
         return Err(format!("seed {seed}: {report}").into());
     }
+    // The sinks' gradient under the same 2x rule, with a slack of f32 rounding of the sum.
+    let sink_report = match &first.dsinks {
+        Some(got) => {
+            let report = check_sink_grads(&p, &dout, c.dtype, got);
+            if !report.passed() {
+                return Err(format!("seed {seed}: {report}").into());
+            }
+            format!("; {report}")
+        }
+        None => String::new(),
+    };
     // Gaps of strided gradients stay untouched.
     for g in &first.grads {
         let written = g.raw_f32(&stream)?.iter().filter(|x| !x.is_nan()).count();
@@ -255,11 +301,14 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         // SAFETY: the backward writes every workspace byte it reads.
         let mut ws = unsafe { other.alloc::<u8>(backward_workspace_bytes(b, sq, hq, d)) }?;
         for _ in 0..2 {
-            let again = launch(gpu, &other, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, Some(&mut ws))?;
+            let again = launch(gpu, &other, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, &dev_sinks, Some(&mut ws))?;
             for (g, (a, b)) in first.grads.iter().zip(&again.grads).enumerate() {
                 if bits(&a.raw_f32(&stream)?) != bits(&b.raw_f32(&other)?) {
                     return Err(format!("seed {seed}: deterministic gradient {g} differs between launches").into());
                 }
+            }
+            if first.dsinks.as_deref().map(bits) != again.dsinks.as_deref().map(bits) {
+                return Err(format!("seed {seed}: the sinks' gradient differs between launches").into());
             }
         }
     }
@@ -267,7 +316,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     if before != after {
         return Err(format!("seed {seed}: an input buffer changed").into());
     }
-    println!("    {}: {report}", c.name());
+    println!("    {}: {report}{sink_report}", c.name());
     Ok(())
 }
 
@@ -293,6 +342,7 @@ fn misuse_is_refused_before_launch(gpu: &Gpu) -> Result<(), Failed> {
         &mut dq.as_mut(),
         &mut dk.as_mut(),
         &mut dv.as_mut(),
+        None,
         Some(&mut small),
         &AttnOptions::default(),
     );

@@ -1,5 +1,6 @@
 //! Every misuse of the forward API gets its own precise error, checked without a GPU
 //! through the planner that `flash_attn_func` runs before any launch.
+use flash_attn3::plan::DeviceVec;
 use flash_attn3::{AlibiDesc, Algo, Arg, AttnError, AttnOptions, DType, Layout, Schedule, TensorDesc, plan_forward};
 use common::fa3::Techniques;
 
@@ -18,6 +19,7 @@ struct Call {
     lse: (u64, usize),
     opts: AttnOptions<'static>,
     alibi: Option<AlibiDesc>,
+    sinks: Option<DeviceVec>,
 }
 
 impl Call {
@@ -36,11 +38,12 @@ impl Call {
             lse: (BASE, q[0] * q[1] * q[2]),
             opts: AttnOptions::default(),
             alibi: None,
+            sinks: None,
         }
     }
 
     fn plan(&self) -> Result<flash_attn3::plan::FwdPlan, AttnError> {
-        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, self.alibi, 132)
+        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, self.alibi, self.sinks, 132)
     }
 
     fn err(self) -> AttnError {
@@ -644,4 +647,35 @@ fn a_window_has_no_fa2_ablation_or_multicast_kernel_and_a_length_limit() {
     let mut c = Call::shaped(huge, [1, 64, 1, 64], DType::F16);
     c.opts = c.opts.window(Some(8), Some(8));
     assert!(matches!(c.err(), AttnError::TooLarge(_)));
+}
+
+#[test]
+fn sinks_are_checked_and_passed_to_every_fa3_kernel() {
+    let sinks = |addr_off: u64, len| Some(DeviceVec { addr: BASE + (21 << 36) + addr_off, len });
+    // 8 query heads.
+    let mut c = Call::good();
+    c.sinks = sinks(0, 8);
+    assert_eq!(c.plan().unwrap().params.sinks, BASE + (21 << 36));
+    assert_eq!(Call::good().plan().unwrap().params.sinks, 0, "no sinks: 0");
+    // With a window, soft-capping and an ablation kernel alike (the epilogue folds them in).
+    for opts in [
+        AttnOptions::default().window(Some(16), Some(0)),
+        AttnOptions::default().softcap(20.0),
+        AttnOptions::default().algo(Algo::Fa3(Techniques::NO_PINGPONG)),
+    ] {
+        let mut c = Call::good();
+        c.opts = opts;
+        c.sinks = sinks(0, 8);
+        assert!(c.plan().is_ok(), "{opts:?}");
+    }
+    let mut c = Call::good();
+    c.sinks = sinks(0, 7);
+    assert!(matches!(c.err(), AttnError::OutOfBounds { arg: Arg::Sinks, needed: 8, len: 7 }));
+    let mut c = Call::good();
+    c.sinks = sinks(2, 8);
+    assert!(matches!(c.err(), AttnError::Misaligned { arg: Arg::Sinks, .. }));
+    let mut c = Call::good();
+    c.opts = c.opts.algo(Algo::Fa2);
+    c.sinks = sinks(0, 8);
+    assert!(matches!(c.err(), AttnError::Unsupported(_)));
 }

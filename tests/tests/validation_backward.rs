@@ -3,6 +3,7 @@
 //! call is planned as the kernels expect.
 use common::bwd::{self, BwdStage, DqOrder};
 use flash_attn3::plan_bwd::WorkspaceLayout;
+use flash_attn3::plan::DeviceVec;
 use flash_attn3::{Arg, AttnError, AttnOptions, BwdTensors, DType, Layout, TensorDesc, backward_workspace_bytes, plan_backward};
 
 /// Each tensor of a call gets its own buffer, far apart.
@@ -27,6 +28,8 @@ fn good(d: usize) -> BwdTensors {
         dv: packed(ks, dt, 8),
         workspace: (0x7f00_0000_0000 + (9 << 36), backward_workspace_bytes(2, 300, 8, d)),
         alibi: None,
+        sinks: None,
+        dsinks: None,
     }
 }
 
@@ -220,4 +223,30 @@ fn a_window_backward_uses_the_local_main_kernel_and_never_the_rotated_order() {
         let causal = plan_backward(&t, &AttnOptions::default().causal(true).window(Some(30), None), 132).unwrap();
         assert_eq!((causal.params.window.left, causal.params.window.right), (30, 0));
     }
+}
+
+#[test]
+fn sinks_gradient_is_checked_and_gets_its_workspace() {
+    let vec_at = |buffer: u64, len| Some(DeviceVec { addr: 0x7f00_0000_0000 + (buffer << 36), len });
+    let mut t = good(128);
+    t.sinks = vec_at(10, 8);
+    t.dsinks = vec_at(11, 8);
+    let plan = plan_backward(&t, &AttnOptions::default(), 132).unwrap();
+    let ws = WorkspaceLayout::new(2, 300, 8, 128);
+    assert_eq!((plan.params.sinks, plan.params.dsinks), (t.sinks.unwrap().addr, t.dsinks.unwrap().addr));
+    assert_eq!(plan.params.sink_partials - t.workspace.0, ws.sink_partials as u64);
+    // One f32 per (batch, head, preprocess block of 64 rows, warp) fits in the workspace.
+    let partials = 2 * 8 * bwd::padded_rows(300, 128).div_ceil(bwd::PREPROCESS_ROWS) as usize * (bwd::AUX_THREADS / 32) as usize * 4;
+    assert!(ws.sink_partials + partials <= ws.bytes);
+    // Sinks without their gradient: dQ, dK, dV only (the LSE holds the sinks).
+    let mut t2 = good(128);
+    t2.sinks = vec_at(10, 8);
+    assert_eq!(plan_backward(&t2, &AttnOptions::default(), 132).unwrap().params.sinks, 0);
+    let mut t3 = good(128);
+    t3.dsinks = vec_at(11, 8);
+    assert!(matches!(err(&t3, &AttnOptions::default()), AttnError::Unsupported(_)), "dsinks without sinks");
+    let mut t4 = good(128);
+    t4.sinks = vec_at(10, 8);
+    t4.dsinks = vec_at(11, 7);
+    assert!(matches!(err(&t4, &AttnOptions::default()), AttnError::OutOfBounds { arg: Arg::DSinks, needed: 8, len: 7 }));
 }

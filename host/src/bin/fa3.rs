@@ -4,9 +4,9 @@
 mod cli;
 
 use clap::Parser;
-use cli::{BenchArgs, Cli, Command, InfoArgs, PassArg, PlotArgs, RunArgs, Shape};
+use cli::{BenchArgs, Cli, Command, Floats, InfoArgs, PassArg, PlotArgs, RunArgs, Shape};
 use flash_attn3::bench::{TimingPlan, fwd_flops, fwd_flops_visible, time_calls, time_forward};
-use flash_attn3::check::{check, check_backward};
+use flash_attn3::check::{check, check_backward, check_sink_grads};
 use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
 use flash_attn3::plot::{self, PlotError, Point};
 use flash_attn3::reference::{
@@ -49,6 +49,7 @@ fn main() -> ExitCode {
 enum CliError {
     Attn(AttnError),
     Io(String),
+    Usage(String),
     Plot(PlotError),
     CheckFailed,
 }
@@ -56,7 +57,7 @@ enum CliError {
 impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CliError::Io(m) => f.write_str(m),
+            CliError::Io(m) | CliError::Usage(m) => f.write_str(m),
             CliError::Attn(e) => write!(f, "{e}"),
             CliError::Plot(e) => write!(f, "plot: {e}"),
             CliError::CheckFailed => f.write_str("the result is outside the error budget"),
@@ -165,6 +166,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         softcap,
         alibi,
         window,
+        sinks,
         output,
         check: do_check,
         backward,
@@ -181,7 +183,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         Ok(g) => g,
         Err(e @ (AttnError::NoDriver | AttnError::NoDevice { .. } | AttnError::UnsupportedGpu { .. })) => {
             println!("no usable GPU ({e}); computing a small case on the CPU reference instead (NOT a GPU result)");
-            return cpu_demo(causal, softcap, alibi, window, seed, backward);
+            return cpu_demo(causal, softcap, alibi, window, sinks, seed, backward);
         }
         Err(e) => return Err(e.into()),
     };
@@ -223,6 +225,14 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     if let Some(dev) = &dev_slopes {
         opts = opts.alibi(dev, false);
     }
+    let sink_logits = sinks.map(|s| s.per_head(inputs.q.shape[2])).transpose().map_err(CliError::Usage)?;
+    let dev_sinks = match &sink_logits {
+        Some(s) => Some(stream.clone_htod(s).map_err(AttnError::from)?),
+        None => None,
+    };
+    if let Some(dev) = &dev_sinks {
+        opts = opts.sinks(dev);
+    }
     let t0 = Instant::now();
     let res = flash_attn_func(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &opts)?;
     stream.synchronize().map_err(AttnError::from)?;
@@ -235,6 +245,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         inputs.dtype.name(),
         elapsed.as_secs_f64() * 1e3
     );
+    let mut dsinks: Option<Vec<f32>> = None;
     let grads = match &inputs.dout {
         Some(dout) => {
             let dout = up(dout)?;
@@ -242,6 +253,10 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             let g = flash_attn_backward(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &res.out.as_ref(), &res.lse, &dout.as_ref(), &opts)?;
             stream.synchronize().map_err(AttnError::from)?;
             println!("computed dQ, dK, dV on the GPU in {:.2} ms (first call, includes launch)", t0.elapsed().as_secs_f64() * 1e3);
+            dsinks = match &g.dsinks {
+                Some(d) => Some(stream.clone_dtoh(d).map_err(AttnError::from)?),
+                None => None,
+            };
             Some(HostGrads { dq: g.dq.to_f32(&stream)?, dk: g.dk.to_f32(&stream)?, dv: g.dv.to_f32(&stream)? })
         }
         None => None,
@@ -269,7 +284,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             softcap,
             alibi: alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false }),
             window,
-            sinks: None,
+            sinks: sink_logits.as_deref(),
         };
         let report = check(&p, inputs.dtype, &AttnResult { o, lse });
         println!("check: {report}");
@@ -278,6 +293,11 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             let report = check_backward(&p, dout, inputs.dtype, g);
             println!("check backward: {report}");
             passed &= report.passed();
+            if let Some(got) = &dsinks {
+                let report = check_sink_grads(&p, dout, inputs.dtype, got);
+                println!("check dsinks: {report}");
+                passed &= report.passed();
+            }
         }
         if !passed {
             return Err(CliError::CheckFailed);
@@ -292,7 +312,7 @@ fn side(w: Option<usize>) -> String {
 }
 
 /// The no-GPU path: the tiled FlashAttention algorithm on the CPU against the f64 reference.
-fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, window: Option<Window>, seed: u64, backward: bool) -> CliResult<()> {
+fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, window: Option<Window>, sinks: Option<Floats>, seed: u64, backward: bool) -> CliResult<()> {
     let (b, s, h, d) = (1, 300, 2, 64);
     let mut r = rng(seed);
     let dtype = DType::BF16;
@@ -304,14 +324,15 @@ fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, window: Option<Wind
     }
     let slopes = standard_alibi_slopes(h);
     let alibi = alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false });
-    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap, alibi, window, sinks: None };
+    let sink_logits = sinks.map(|s| s.per_head(h)).transpose().map_err(CliError::Usage)?;
+    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap, alibi, window, sinks: sink_logits.as_deref() };
     let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
     let err = max_abs_err(&tiled.o, &exact.o);
     let lse_err = max_abs_err(&tiled.lse, &exact.lse);
     println!(
         "CPU reference (no GPU): tiled online-softmax algorithm, {b}x{s}x{h}x{d} bf16 inputs, causal={causal}, \
-         softcap={softcap:?}, alibi={}, window={window:?}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
+         softcap={softcap:?}, alibi={}, window={window:?}, sinks={sink_logits:?}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
         p.alibi.is_some()
     );
     if err > 1e-5 || lse_err > 1e-4 {
@@ -427,6 +448,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
         Some(w) => format!("-window{}-{}{suffix}", side(w.left), side(w.right)),
         None => suffix,
     };
+    let suffix = if a.sinks.is_some() { format!("-sinks{suffix}") } else { suffix };
     // On stderr, and only where it is a terminal: logs and stdout stay clean.
     let total = hdims.len() * seqlens.len() * causal_modes.len();
     let progress = ProgressBar::new(total as u64).with_style(progress_style());
@@ -454,6 +476,14 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                 if let Some(dev) = &slopes {
                     opts = opts.alibi(dev, false);
                 }
+                let sink_logits = a.sinks.as_ref().map(|s| s.per_head(heads)).transpose().map_err(CliError::Usage)?;
+                let dev_sinks = match &sink_logits {
+                    Some(s) => Some(stream.clone_htod(s).map_err(AttnError::from)?),
+                    None => None,
+                };
+                if let Some(dev) = &dev_sinks {
+                    opts = opts.sinks(dev);
+                }
                 // Idle time before each config: with `--warmup-ms 0`, a short burst at the
                 // clock of a cool card, as the anchors and the FA3 paper time (docs/perf.md).
                 std::thread::sleep(std::time::Duration::from_millis(a.cooldown_ms));
@@ -472,7 +502,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                             flash_attn_func_into(&gpu, &stream, &q, &k, &v, &mut out.view_mut(shape), &mut lse, &opts)?;
                         }
                         let o = out.view(shape);
-                        flash_attn_backward_into(&gpu, &stream, &q, &k, &v, &o, &lse, &dout, &mut dq, &mut dk, &mut dv, Some(&mut *ws), &opts)
+                        flash_attn_backward_into(&gpu, &stream, &q, &k, &v, &o, &lse, &dout, &mut dq, &mut dk, &mut dv, None, Some(&mut *ws), &opts)
                     })?
                 } else {
                     let mut o = out.view_mut(shape);

@@ -1,8 +1,11 @@
 //! The backward's last launch: dQ = fp32 accumulator (in `dq_accum_index` order) ×
-//! softmax scale, rounded to the element type, into the (strided) dq. Grid `(ceil(seqlen_q / PREPROCESS_ROWS),
-//! heads_q, batch)`, [`AUX_THREADS`] threads, two columns a thread.
+//! softmax scale, rounded to the element type, into the (strided) dq; with attention
+//! sinks, the first CTA of each head (x = 0, batch 0) sums the preprocess' partial sink
+//! gradients of the head in a fixed order (bit-identical across runs). Grid
+//! `(ceil(seqlen_q / PREPROCESS_ROWS), heads_q, batch)`, [`AUX_THREADS`] threads, two
+//! columns a thread.
 use crate::element::Element;
-use crate::ptx::{global, sreg};
+use crate::ptx::{global, math, sreg};
 use common::bwd::{AUX_THREADS, BwdParams, PREPROCESS_ROWS, block_m, dq_accum_index};
 
 /// The postprocess kernel body for element type `E` at head dim `HDIM`.
@@ -32,5 +35,26 @@ pub unsafe fn postprocess<E: Element, const HDIM: u32>(p: BwdParams) {
         // SAFETY: inside the host-checked dq; 4 B aligned (even column).
         unsafe { global::st_u32(dst, E::pack2(v[0] * p.softmax_scale, v[1] * p.softmax_scale)) };
         row += rows_per_pass;
+    }
+    if p.sinks != 0 && sreg::block_idx_x() == 0 && batch == 0 && t < 32 {
+        // Lane t sums partials t, t + 32, ... of every batch, then a fixed butterfly.
+        let per_bh = (p.padded_rows.div_ceil(PREPROCESS_ROWS) * (AUX_THREADS / 32)) as u64;
+        let mut sum = 0.0f32;
+        for b in 0..p.batch as u64 {
+            let base = (b * p.heads_q as u64 + head as u64) * per_bh;
+            let mut i = t as u64;
+            while i < per_bh {
+                // SAFETY: inside the host-sized partials.
+                sum += f32::from_bits(unsafe { global::ld_nc_u32(p.sink_partials + 4 * (base + i)) });
+                i += 32;
+            }
+        }
+        for mask in [16, 8, 4, 2, 1] {
+            sum += math::shfl_xor_f32(sum, mask);
+        }
+        if t == 0 {
+            // SAFETY: one f32 per query head, host-checked.
+            unsafe { global::st_f32(p.dsinks + 4 * head as u64, sum) };
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The backward's first launch: per query row `D = rowsum(dO ∘ O)` and the LSE times
 //! log2 e into the padded workspaces (rows past `seqlen_q`: D = 0, LSE = +inf, so that
 //! their `P` is 0), the row of the fp32 dQ accumulator zeroed, and in deterministic mode
-//! the query block's semaphores. Grid `(padded_rows / PREPROCESS_ROWS, heads_q, batch)`,
+//! the query block's semaphores; with attention sinks, each warp's partial sum of the
+//! sink gradient `−exp(sink − LSE) · D` over its rows (summed by the postprocess). Grid `(padded_rows / PREPROCESS_ROWS, heads_q, batch)`,
 //! [`AUX_THREADS`] threads: one warp per row at a time.
 use crate::element::Element;
 use crate::ptx::{global, math, sreg};
@@ -18,6 +19,14 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
     let bh = (batch * p.heads_q + head) as u64;
     let warps = AUX_THREADS / 32;
     let mut row = sreg::block_idx_x() * PREPROCESS_ROWS + warp;
+    // With sinks: this warp's part of the head's sink gradient (lane 0), in log2 units.
+    let sink_log2 = if p.sinks != 0 {
+        // SAFETY: the host checked that the sinks cover every query head.
+        f32::from_bits(unsafe { global::ld_nc_u32(p.sinks + 4 * head as u64) }) * core::f32::consts::LOG2_E
+    } else {
+        0.0
+    };
+    let mut dsink = 0.0f32;
     while row < (sreg::block_idx_x() + 1) * PREPROCESS_ROWS && row < p.padded_rows {
         let mut dot = 0.0f32;
         if row < p.seqlen_q {
@@ -49,6 +58,8 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
                 global::st_f32(p.lse_log2 + 4 * vector, lse);
                 global::st_f32(p.dpsum + 4 * vector, dot);
             }
+            // Padded rows: exp2(-inf) = 0.
+            dsink -= math::exp2(sink_log2 - lse) * dot;
             if p.dq_semaphore != 0 && row % block_m(HDIM) == 0 {
                 let blocks = p.seqlen_q.div_ceil(block_m(HDIM)) as u64;
                 // SAFETY: one u32 per (batch, head, query block), host-sized.
@@ -64,5 +75,11 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
             col += 128;
         }
         row += warps;
+    }
+    if p.sinks != 0 && lane == 0 {
+        let blocks = p.padded_rows.div_ceil(PREPROCESS_ROWS) as u64;
+        let slot = (bh * blocks + sreg::block_idx_x() as u64) * warps as u64 + warp as u64;
+        // SAFETY: one f32 per (batch, head, row block, warp), host-sized.
+        unsafe { global::st_f32(p.sink_partials + 4 * slot, dsink) };
     }
 }

@@ -1,7 +1,7 @@
 //! The epilogue: O = acc / rowsum written through shared memory by TMA (rows past the
 //! sequence end are clipped by the tensor map's bounds; the rows >= 0 of a warpgroup
 //! that starts before row 0, in a causal first tile, go out from registers), and the
-//! LSE.
+//! LSE (with attention sinks, the sink joins each row's denominator here).
 use super::barriers::NamedBarrier;
 use super::scheduler::Tile;
 use super::traits::{FragTile, KernelTraits, WARPGROUP_ROWS};
@@ -33,7 +33,13 @@ pub fn store<K: KernelTraits>(
     thread_in_wg: u32,
     q_empty: Option<Mbarrier>,
 ) {
-    let (inv, lse) = softmax.finalize(p.softmax_scale);
+    let (inv, lse) = if p.sinks != 0 {
+        // SAFETY: the host checked that the sinks cover every query head.
+        let sink = f32::from_bits(unsafe { global::ld_nc_u32(p.sinks + 4 * tile.head as u64) });
+        softmax.finalize_with_sink(p.softmax_scale, sink)
+    } else {
+        softmax.finalize(p.softmax_scale)
+    };
     // The previous tile's store must be done reading the staging rows.
     if thread_in_wg == 0 {
         tma::store_wait_read::<0>();

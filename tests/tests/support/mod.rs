@@ -71,3 +71,9 @@ pub fn alibi_slopes(batch: usize, heads: usize, per_batch: bool) -> Vec<f32> {
     if per_batch { (0..batch).flat_map(per_head).collect() } else { per_head(0) }
 }
 
+
+/// Sink logits for `heads` query heads, from below to above a row's typical logits
+/// (-1, 0.5, 2, 3.5, repeating), so that the sink matters and sometimes dominates.
+pub fn sink_logits(heads: usize) -> Vec<f32> {
+    (0..heads).map(|h| (h % 4) as f32 * 1.5 - 1.0).collect()
+}

@@ -71,6 +71,9 @@ pub struct RunArgs {
     /// or -1 leaves a side unbounded (FlashAttention's window_size)
     #[arg(long, value_name = "L,R", value_parser = parse_window, allow_hyphen_values = true)]
     pub window: Option<Window>,
+    /// Attention sinks: one logit for every query head, or one per head (L0,L1,...)
+    #[arg(long, value_name = "L,...", value_parser = parse_floats, allow_hyphen_values = true)]
+    pub sinks: Option<Floats>,
     /// Write o and lse to a safetensors file
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -156,6 +159,9 @@ pub struct BenchArgs {
     /// or -1 leaves a side unbounded (FlashAttention's window_size)
     #[arg(long, value_name = "L,R", value_parser = parse_window, allow_hyphen_values = true)]
     pub window: Option<Window>,
+    /// Attention sinks: one logit for every query head, or one per head (L0,L1,...)
+    #[arg(long, value_name = "L,...", value_parser = parse_floats, allow_hyphen_values = true)]
+    pub sinks: Option<Floats>,
     /// Write the results as CSV (impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops)
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
@@ -370,6 +376,31 @@ pub fn parse_list(s: &str) -> Result<List, String> {
     Ok(List(v))
 }
 
+/// Comma-separated finite floats.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Floats(pub Vec<f32>);
+
+impl Floats {
+    /// One value per head: the list itself, or its single value repeated.
+    pub fn per_head(&self, heads: usize) -> Result<Vec<f32>, String> {
+        match self.0.len() {
+            1 => Ok(vec![self.0[0]; heads]),
+            n if n == heads => Ok(self.0.clone()),
+            n => Err(format!("--sinks: {n} logits for {heads} heads (give 1 or {heads})")),
+        }
+    }
+}
+
+pub fn parse_floats(s: &str) -> Result<Floats, String> {
+    s.split(',')
+        .map(|x| match x.trim().parse::<f32>() {
+            Ok(v) if v.is_finite() => Ok(v),
+            _ => Err(format!("expected comma-separated finite numbers, got {x:?} in {s:?}")),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Floats)
+}
+
 /// `L,R`: each side a key count, or `inf` / `-1` for unbounded.
 pub fn parse_window(s: &str) -> Result<Window, String> {
     let side = |x: &str| match x.trim() {
@@ -405,5 +436,9 @@ mod tests {
         assert_eq!(parse_window("-1,-1"), Ok(Window { left: None, right: None }));
         assert!(parse_window("5").is_err());
         assert!(parse_window("-2,0").is_err());
+        assert_eq!(parse_floats("-1.5, 2"), Ok(Floats(vec![-1.5, 2.0])));
+        assert!(parse_floats("1,nan").is_err());
+        assert_eq!(Floats(vec![0.5]).per_head(3), Ok(vec![0.5; 3]));
+        assert!(Floats(vec![0.5, 1.0]).per_head(3).is_err());
     }
 }
