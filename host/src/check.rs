@@ -1,5 +1,5 @@
 //! Comparing a kernel's output with the CPU references under FlashAttention's rule.
-use crate::reference::backward::{Grads, attention_backward_f64, attention_backward_lowp, sink_grads_f64, sink_grads_lowp};
+use crate::reference::backward::{Grads, attention_backward_f64, attention_backward_lowp, sink_grads_f64, sink_grads_given, sink_grads_lowp};
 use crate::reference::{AttnResult, HostTensor, Problem, attention_f64, attention_lowp, max_abs_err, within_budget};
 use crate::tensor::round_to;
 use common::DType;
@@ -116,22 +116,30 @@ pub fn check_backward(p: &Problem<'_>, dout: &HostTensor, dtype: DType, got: &Gr
     BwdCheckReport { err: got.max_abs_err(&exact), naive, slack }
 }
 
-/// The sinks' gradient of a backward against the references: FlashAttention's rule with
-/// a relative slack of 1e-5 of the largest gradient (its f32 sums over every row).
+/// The sinks' gradient of a backward, checked against the f64 gradient of the same
+/// forward outputs (O and LSE) it started from: the forward's accuracy has its own
+/// check, and a sum over every row of a head makes a max over a handful of heads too
+/// noisy for the 2x rule against the naive implementation. The budget is f32 rounding:
+/// `1e-4 · Σ exp(sink − LSE_i) · |D_i| + 1e-7` per head (f32 sums of a few thousand terms
+/// stay far below 1e-4 of their magnitudes; a wrong or missing term is of their order).
+/// The error against the exact gradient is reported alongside.
 #[derive(Clone, Copy, Debug)]
 pub struct SinkCheckReport {
-    /// Largest absolute error of the kernel's dsinks.
+    /// Error against the f64 gradient of the same forward outputs, of the head furthest
+    /// into (or past) its budget.
     pub err: f64,
-    /// Largest absolute error of the naive one ([`sink_grads_lowp`]).
-    pub naive: f64,
-    /// Absolute slack.
-    pub slack: f64,
+    /// That head's budget.
+    pub budget: f64,
+    /// Largest error against the exact gradient ([`sink_grads_f64`]).
+    pub err_exact: f64,
+    /// The naive implementation's ([`sink_grads_lowp`]).
+    pub naive_exact: f64,
 }
 
 impl SinkCheckReport {
-    /// Whether the error is within twice the naive one plus the slack.
+    /// Whether every head is within its budget.
     pub fn passed(&self) -> bool {
-        within_budget(self.err, self.naive, self.slack)
+        self.err <= self.budget
     }
 }
 
@@ -139,19 +147,34 @@ impl std::fmt::Display for SinkCheckReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "max |dsinks - exact| = {:.3e} (naive {:.3e}, budget {:.3e}): {}",
+            "max |dsinks - f64 of the same O, LSE| = {:.3e} (budget {:.3e}), against exact {:.3e} (naive {:.3e}): {}",
             self.err,
-            self.naive,
-            2.0 * self.naive + self.slack,
+            self.budget,
+            self.err_exact,
+            self.naive_exact,
             if self.passed() { "PASS" } else { "FAIL" }
         )
     }
 }
 
-/// Scores a backward's gradient of the sinks of `p` (`got`, `[heads_q]`).
-pub fn check_sink_grads(p: &Problem<'_>, dout: &HostTensor, dtype: DType, got: &[f32]) -> SinkCheckReport {
+/// Scores a backward's gradient of the sinks of `p` (`got`, `[heads_q]`), given the
+/// forward's `o` and `lse` that the backward started from.
+pub fn check_sink_grads(p: &Problem<'_>, dout: &HostTensor, dtype: DType, o: &[f32], lse: &[f32], got: &[f32]) -> SinkCheckReport {
+    let given = sink_grads_given(p, dout, o, lse);
+    // The worst head: the largest error over its budget (NaN counts as infinite).
+    let (err, budget) = got
+        .iter()
+        .zip(&given)
+        .map(|(&g, &(want, mag))| {
+            let e = (g as f64 - want).abs();
+            (if e.is_nan() { f64::INFINITY } else { e }, 1e-4 * mag + 1e-7)
+        })
+        .fold((0.0, 1.0), |worst, (e, b)| if e / b > worst.0 / worst.1 { (e, b) } else { worst });
     let exact = sink_grads_f64(p, dout);
-    let naive = max_abs_err(&sink_grads_lowp(p, dout, dtype), &exact);
-    let slack = 1e-5 * exact.iter().fold(1.0f64, |m, x| m.max(x.abs()));
-    SinkCheckReport { err: max_abs_err(got, &exact), naive, slack }
+    SinkCheckReport {
+        err,
+        budget,
+        err_exact: max_abs_err(got, &exact),
+        naive_exact: max_abs_err(&sink_grads_lowp(p, dout, dtype), &exact),
+    }
 }

@@ -400,3 +400,32 @@ proptest! {
         }
     }
 }
+
+/// The sinks' gradient check passes the f32 rounding of the right gradient and fails a
+/// wrong one (sign flipped, one batch left out), so the GPU tests' check can fail.
+#[test]
+fn sink_gradient_check_accepts_rounding_and_rejects_wrong_terms() {
+    let (b, s, h, d) = (2, 300, 3, 64);
+    let [q, k, v, dout] = inputs(b, s, s, h, h, d, DType::BF16, 7);
+    let sinks = sink_logits(h, -0.5);
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.125, softcap: None, alibi: None, window: None, sinks: Some(&sinks) };
+    let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, Some(DType::BF16));
+    let given = flash_attn3::reference::backward::sink_grads_given(&p, &dout, &fwd.o, &fwd.lse);
+    let right: Vec<f32> = given.iter().map(|&(g, _)| g as f32).collect();
+    let check = |got: &[f32]| flash_attn3::check::check_sink_grads(&p, &dout, DType::BF16, &fwd.o, &fwd.lse, got);
+    assert!(check(&right).passed(), "{}", check(&right));
+    let flipped: Vec<f32> = right.iter().map(|g| -g).collect();
+    assert!(!check(&flipped).passed());
+    // Batch 0 alone: half the rows' terms.
+    let half: Vec<f32> = {
+        let mut o0 = fwd.o.clone();
+        let mut l0 = fwd.lse.clone();
+        let (rows, heads) = (s * h * d, h * s);
+        o0[rows..].iter_mut().for_each(|x| *x = 0.0);
+        l0[heads..].iter_mut().for_each(|x| *x = f32::INFINITY);
+        flash_attn3::reference::backward::sink_grads_given(&p, &dout, &o0, &l0).iter().map(|&(g, _)| g as f32).collect()
+    };
+    assert!(!check(&half).passed());
+    let nan = vec![f32::NAN; h];
+    assert!(!check(&nan).passed());
+}

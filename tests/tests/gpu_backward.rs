@@ -278,7 +278,8 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     // The sinks' gradient under the same 2x rule, with a slack of f32 rounding of the sum.
     let sink_report = match &first.dsinks {
         Some(got) => {
-            let report = check_sink_grads(&p, &dout, c.dtype, got);
+            let (fwd_o, fwd_lse) = (fwd.out.to_f32(&stream)?, stream.clone_dtoh(&fwd.lse)?);
+            let report = check_sink_grads(&p, &dout, c.dtype, &fwd_o, &fwd_lse, got);
             if !report.passed() {
                 return Err(format!("seed {seed}: {report}").into());
             }

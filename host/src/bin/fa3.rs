@@ -286,7 +286,8 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             window,
             sinks: sink_logits.as_deref(),
         };
-        let report = check(&p, inputs.dtype, &AttnResult { o, lse });
+        let fwd = AttnResult { o, lse };
+        let report = check(&p, inputs.dtype, &fwd);
         println!("check: {report}");
         let mut passed = report.passed();
         if let (Some(g), Some(dout)) = (&grads, &inputs.dout) {
@@ -294,7 +295,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
             println!("check backward: {report}");
             passed &= report.passed();
             if let Some(got) = &dsinks {
-                let report = check_sink_grads(&p, dout, inputs.dtype, got);
+                let report = check_sink_grads(&p, dout, inputs.dtype, &fwd.o, &fwd.lse, got);
                 println!("check dsinks: {report}");
                 passed &= report.passed();
             }

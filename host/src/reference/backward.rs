@@ -160,19 +160,35 @@ pub fn sink_grads_lowp(p: &Problem<'_>, dout: &HostTensor, dtype: DType) -> Vec<
 
 /// `−Σ exp(sink_h − LSE_i) · D_i` per head, from a forward's O and LSE.
 fn sink_grads<T: Real>(p: &Problem<'_>, dout: &HostTensor, fwd: &AttnResult<T>) -> Vec<T> {
+    sink_grad_terms(p, dout, fwd).into_iter().map(|(g, _)| g).collect()
+}
+
+/// Per head: the sinks' gradient and the sum of its terms' magnitudes
+/// `Σ exp(sink_h − LSE_i) · |D_i|` (the scale of its rounding error).
+fn sink_grad_terms<T: Real>(p: &Problem<'_>, dout: &HostTensor, fwd: &AttnResult<T>) -> Vec<(T, T)> {
     let Some(sinks) = p.sinks else { return Vec::new() };
     let (b, sq, _, hq, _, _) = p.dims();
     let delta = row_dots(dout, &fwd.o);
-    let mut g = vec![T::default(); hq];
+    let mut g = vec![(T::default(), T::default()); hq];
     for bi in 0..b {
-        for (h, gh) in g.iter_mut().enumerate() {
+        for (h, (gh, mag)) in g.iter_mut().enumerate() {
             for i in 0..sq {
                 let r = (bi * hq + h) * sq + i;
-                *gh += T::default() - (T::of(sinks[h]) - fwd.lse[r]).exp() * delta[r];
+                let w = (T::of(sinks[h]) - fwd.lse[r]).exp();
+                *gh += T::default() - w * delta[r];
+                *mag += w * delta[r].abs();
             }
         }
     }
     g
+}
+
+/// The sinks' gradient in f64 from a given forward's `o` (packed like q) and `lse`
+/// (natural log), e.g. a kernel's: what a backward given those outputs must compute,
+/// up to f32 rounding. Per head: the gradient and `Σ exp(sink_h − LSE_i) · |D_i|`.
+pub fn sink_grads_given(p: &Problem<'_>, dout: &HostTensor, o: &[f32], lse: &[f32]) -> Vec<(f64, f64)> {
+    let fwd = AttnResult { o: o.iter().map(|&x| x as f64).collect(), lse: lse.iter().map(|&x| x as f64).collect() };
+    sink_grad_terms(p, dout, &fwd)
 }
 
 /// The FlashAttention-2/3 recompute backward in f32, as the GPU kernel runs it:
@@ -374,6 +390,7 @@ trait Real:
 {
     fn of(x: f32) -> Self;
     fn exp(self) -> Self;
+    fn abs(self) -> Self;
     /// The logit of a scaled score and its derivative: `(x, 1)`, or with soft-capping at
     /// `c`, `(c · tanh(x / c), 1 − tanh²(x / c))`.
     fn logit(x: Self, softcap: Option<f32>) -> (Self, Self);
@@ -384,6 +401,9 @@ trait Real:
 impl Real for f32 {
     fn of(x: f32) -> Self {
         x
+    }
+    fn abs(self) -> Self {
+        f32::abs(self)
     }
     fn exp(self) -> Self {
         f32::exp(self)
@@ -402,6 +422,9 @@ impl Real for f32 {
 impl Real for f64 {
     fn of(x: f32) -> Self {
         x as f64
+    }
+    fn abs(self) -> Self {
+        f64::abs(self)
     }
     fn exp(self) -> Self {
         f64::exp(self)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU machine: the GPU tests (forward and backward) and the sanitizers on sliding-window
-# calls, forward and backward (deterministic too), with soft-capping and ALiBi.
-# usage: scripts/window-checks.sh  (after scripts/device-prep.sh; results in $OUT)
+# GPU machine: the GPU tests (forward and backward) and the sanitizers on the variants'
+# calls: sliding windows and attention sinks, forward and backward (deterministic too),
+# with soft-capping and ALiBi. usage: scripts/variant-checks.sh  (after
+# scripts/device-prep.sh; results in $OUT)
 set -uo pipefail
 B=.device/bin
 OUT=${OUT:-/tmp/fa3-out}
@@ -15,11 +16,12 @@ grep -E "^test result|FAILED|failed" "$OUT/gpu_tests.log"
 for tool in memcheck racecheck synccheck; do
   for a in "1x300x2x64 --window 40,9" "1x1000x4x64 --heads-k 2 --causal --window 100,0 --backward --deterministic" \
     "1x700x2x128 --causal --window 128,0 --softcap 2 --backward" "1x500x4x128 --heads-k 1 --window 64,inf --alibi --backward --deterministic" \
-    "1x300x2x256 --seqlen-k 700 --window 5,3"; do
+    "1x300x2x256 --seqlen-k 700 --window 5,3" "1x300x4x128 --heads-k 2 --causal --sinks -1,0.5,2,3.5 --backward" \
+    "2x500x4x64 --seqlen-k 200 --causal --sinks 1 --backward --deterministic" "1x300x2x256 --sinks 2,-1"; do
     echo "$tool $a"
   done
 done | B=$B TMP=$TMP xargs -P 8 -L 1 bash -c 'tool=$0; log=$(mktemp -p "$TMP"); timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/fa3" run --dtype f16 --random "$@" > "$log" 2>&1; rc=$?
   echo "$tool $*: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1) (rc $rc)"; [ $rc -eq 0 ] || { echo "SANITIZER FAILED $tool $*"; tail -5 "$log"; }' \
-  | sort | tee "$OUT/sanitize_window.log"
-! grep -q "SANITIZER FAILED" "$OUT/sanitize_window.log" || status=1
+  | sort | tee "$OUT/sanitize.log"
+! grep -q "SANITIZER FAILED" "$OUT/sanitize.log" || status=1
 exit $status
