@@ -477,6 +477,22 @@ macro_rules! bwd_kernel_table {
             bwd_hdim128_f16_deterministic_alibi_local => F16, hdim 128, MainDeterministic, Alibi, Local;
             bwd_hdim128_bf16_alibi_local => BF16, hdim 128, Main, Alibi, Local;
             bwd_hdim128_bf16_deterministic_alibi_local => BF16, hdim 128, MainDeterministic, Alibi, Local;
+            bwd_hdim64_f16_softcap_alibi => F16, hdim 64, Main, SoftcapAlibi, Causal;
+            bwd_hdim64_f16_deterministic_softcap_alibi => F16, hdim 64, MainDeterministic, SoftcapAlibi, Causal;
+            bwd_hdim64_bf16_softcap_alibi => BF16, hdim 64, Main, SoftcapAlibi, Causal;
+            bwd_hdim64_bf16_deterministic_softcap_alibi => BF16, hdim 64, MainDeterministic, SoftcapAlibi, Causal;
+            bwd_hdim128_f16_softcap_alibi => F16, hdim 128, Main, SoftcapAlibi, Causal;
+            bwd_hdim128_f16_deterministic_softcap_alibi => F16, hdim 128, MainDeterministic, SoftcapAlibi, Causal;
+            bwd_hdim128_bf16_softcap_alibi => BF16, hdim 128, Main, SoftcapAlibi, Causal;
+            bwd_hdim128_bf16_deterministic_softcap_alibi => BF16, hdim 128, MainDeterministic, SoftcapAlibi, Causal;
+            bwd_hdim64_f16_softcap_alibi_local => F16, hdim 64, Main, SoftcapAlibi, Local;
+            bwd_hdim64_f16_deterministic_softcap_alibi_local => F16, hdim 64, MainDeterministic, SoftcapAlibi, Local;
+            bwd_hdim64_bf16_softcap_alibi_local => BF16, hdim 64, Main, SoftcapAlibi, Local;
+            bwd_hdim64_bf16_deterministic_softcap_alibi_local => BF16, hdim 64, MainDeterministic, SoftcapAlibi, Local;
+            bwd_hdim128_f16_softcap_alibi_local => F16, hdim 128, Main, SoftcapAlibi, Local;
+            bwd_hdim128_f16_deterministic_softcap_alibi_local => F16, hdim 128, MainDeterministic, SoftcapAlibi, Local;
+            bwd_hdim128_bf16_softcap_alibi_local => BF16, hdim 128, Main, SoftcapAlibi, Local;
+            bwd_hdim128_bf16_deterministic_softcap_alibi_local => BF16, hdim 128, MainDeterministic, SoftcapAlibi, Local;
         }
     };
 }

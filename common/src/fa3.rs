@@ -461,6 +461,20 @@ macro_rules! fa3_kernel_table {
             fa3_fwd_hdim64_bf16_alibi_local => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi, Local;
             fa3_fwd_hdim128_bf16_alibi_local => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Alibi, Local;
             fa3_fwd_hdim256_bf16_n64_alibi_local => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi, Local;
+            fa3_fwd_hdim64_f16_softcap_alibi => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Causal;
+            fa3_fwd_hdim128_f16_softcap_alibi => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Causal;
+            fa3_fwd_hdim256_f16_softcap_alibi => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, SoftcapAlibi, Causal;
+            fa3_fwd_hdim256_f16_n64_softcap_alibi => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Causal;
+            fa3_fwd_hdim64_bf16_softcap_alibi => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Causal;
+            fa3_fwd_hdim128_bf16_softcap_alibi => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Causal;
+            fa3_fwd_hdim256_bf16_softcap_alibi => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, SoftcapAlibi, Causal;
+            fa3_fwd_hdim256_bf16_n64_softcap_alibi => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Causal;
+            fa3_fwd_hdim64_f16_softcap_alibi_local => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Local;
+            fa3_fwd_hdim128_f16_softcap_alibi_local => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Local;
+            fa3_fwd_hdim256_f16_n64_softcap_alibi_local => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Local;
+            fa3_fwd_hdim64_bf16_softcap_alibi_local => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Local;
+            fa3_fwd_hdim128_bf16_softcap_alibi_local => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Local;
+            fa3_fwd_hdim256_bf16_n64_softcap_alibi_local => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Local;
         }
     };
 }

@@ -65,6 +65,9 @@ pub enum ScoreModKind {
     /// Logits `scale · S − slope · |i + seqlen_k − seqlen_q − j|` (ALiBi, FlashAttention's
     /// convention), one slope per (batch, query head) from a device array.
     Alibi,
+    /// Both, soft-capping first (FlashAttention 2's order): logits
+    /// `c · tanh(scale · S / c) − slope · |i + seqlen_k − seqlen_q − j|`.
+    SoftcapAlibi,
 }
 
 /// Which keys a kernel's mask hides, besides those past `seqlen_k`.

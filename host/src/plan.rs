@@ -126,7 +126,7 @@ pub struct AttnOptions<'a> {
     pub softcap: Option<f32>,
     /// ALiBi (FlashAttention's convention): the logits are
     /// `scale · q_i·k_j − slope_h · |i + seqlen_k − seqlen_q − j|`, forward and backward.
-    /// Not with `softcap` (no kernel for both yet).
+    /// With `softcap`, the bias follows the cap: `c · tanh(scale · q_i·k_j / c) − slope_h · |..|`.
     pub alibi: Option<AlibiSlopes<'a>>,
     /// Sliding-window (local) attention, forward and backward; combines with `causal`,
     /// `softcap` and `alibi`. Key blocks outside every row's window are neither loaded
@@ -246,7 +246,7 @@ impl<'a> AttnOptions<'a> {
     pub(crate) fn score_mod(&self, alibi: bool) -> Result<ScoreModKind> {
         match (self.softcap, alibi) {
             (Some(c), _) if !(c.is_finite() && c > 0.0) => Err(AttnError::InvalidSoftcap(c)),
-            (Some(_), true) => Err(AttnError::Unsupported("softcap with ALiBi: no kernel combines them yet".into())),
+            (Some(_), true) => Ok(ScoreModKind::SoftcapAlibi),
             (Some(_), false) => Ok(ScoreModKind::Softcap),
             (None, true) => Ok(ScoreModKind::Alibi),
             (None, false) => Ok(ScoreModKind::None),
@@ -356,6 +356,45 @@ pub(crate) fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
 /// `batch * heads_q * seqlen_q` f32 and is 4-byte aligned; the softmax scale (the
 /// default's for `hdim` when not given) is finite and non-negative; sizes fit a launch.
 /// Returns the scale.
+/// The parameters a score modification sets, shared by the forward and the backward.
+pub(crate) struct ScoreModParams {
+    /// Soft-capping's cap, if any.
+    pub cap: Option<f32>,
+    pub softcap_scale: f32,
+    /// `scale · log2 e`, or with soft-capping `c · log2 e` (the score is then the tanh).
+    pub scale_log2: f32,
+    pub alibi_slopes: u64,
+    pub alibi_batch_stride: u32,
+    /// ALiBi's slope to score units: `1 / scale`, or `1 / c` after a tanh.
+    pub alibi_inv_scale: f32,
+}
+
+impl ScoreModParams {
+    pub(crate) fn new(score_mod: ScoreModKind, softcap: Option<f32>, alibi: Option<AlibiDesc>, batch: usize, heads_q: usize, scale: f32) -> Result<Self> {
+        let cap = softcap.filter(|_| matches!(score_mod, ScoreModKind::Softcap | ScoreModKind::SoftcapAlibi));
+        let mut m = ScoreModParams {
+            cap,
+            softcap_scale: 0.0,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            alibi_slopes: 0,
+            alibi_batch_stride: 0,
+            alibi_inv_scale: 0.0,
+        };
+        if let Some(c) = cap {
+            // The kernel's score is tanh(S · scale / c); c joins exp2's scale.
+            m.softcap_scale = scale / c;
+            m.scale_log2 = c * std::f32::consts::LOG2_E;
+        }
+        if let Some(a) = alibi {
+            let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;
+            m.alibi_slopes = a.addr;
+            m.alibi_batch_stride = batch_stride;
+            m.alibi_inv_scale = cap.map_or(inv_scale, |c| 1.0 / c);
+        }
+        Ok(m)
+    }
+}
+
 /// Checks a call's ALiBi slopes (enough of them, aligned, a positive scale to express the
 /// bias in raw-score units) and returns the kernels' batch stride and `1 / scale`.
 pub(crate) fn check_alibi(a: AlibiDesc, batch: usize, heads_q: usize, scale: f32) -> Result<(u32, f32)> {
@@ -565,17 +604,12 @@ pub fn plan_forward(
         section_log2: 0,
         tile_counter_base: 0,
     };
-    if let (ScoreModKind::Softcap, Some(cap)) = (score_mod, opts.softcap) {
-        // The kernel's score is tanh(S · scale / c); c joins the softmax's scale.
-        params.softcap_scale = scale / cap;
-        params.scale_log2 = cap * std::f32::consts::LOG2_E;
+    let m = ScoreModParams::new(score_mod, opts.softcap, alibi, batch, heads_q, scale)?;
+    (params.softcap_scale, params.scale_log2) = (m.softcap_scale, m.scale_log2);
+    (params.alibi_slopes, params.alibi_batch_stride, params.alibi_inv_scale) = (m.alibi_slopes, m.alibi_batch_stride, m.alibi_inv_scale);
+    // The LSE is `softmax_scale · max + ln(sum)`: with soft-capping the max is a tanh.
+    if let Some(cap) = m.cap {
         params.softmax_scale = cap;
-    }
-    if let Some(a) = alibi {
-        let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;
-        params.alibi_slopes = a.addr;
-        params.alibi_batch_stride = batch_stride;
-        params.alibi_inv_scale = inv_scale;
     }
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), None),

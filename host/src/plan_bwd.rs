@@ -1,10 +1,10 @@
 //! Validation and launch planning of the backward pass: pure functions of shapes,
 //! strides, dtypes and addresses, so every misuse is caught (and tested) without a GPU.
 use crate::error::{Arg, AttnError, Result};
-use crate::plan::{DeviceVec, AlibiDesc, AttnOptions, TensorDesc, check_alibi, check_lse_scale_and_sizes, check_tensor, strides};
+use crate::plan::{DeviceVec, AlibiDesc, AttnOptions, TensorDesc, ScoreModParams, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
-use common::{KernelEntry, MaskKind, ScoreModKind};
+use common::{KernelEntry, MaskKind};
 
 /// Alignment of each region of the workspace.
 const REGION_ALIGN: usize = 256;
@@ -246,18 +246,11 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         (_, None) => {}
         (None, Some(_)) => return Err(AttnError::Unsupported("dsinks without sinks: the call has no sinks to differentiate".into())),
     }
-    if let Some(a) = t.alibi {
-        let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;
-        params.alibi_slopes = a.addr;
-        params.alibi_batch_stride = batch_stride;
-        params.alibi_inv_scale = inv_scale;
-    }
-    if let (ScoreModKind::Softcap, Some(cap)) = (score_mod, opts.softcap) {
-        // As the forward: the score is tanh(S · scale / c), c joins exp2's scale;
-        // dQ and dK keep the call's scale (the logits' derivative is scale · (1 − tanh²)).
-        params.softcap_scale = scale / cap;
-        params.scale_log2 = cap * std::f32::consts::LOG2_E;
-    }
+    // As the forward's; dQ and dK keep the call's `softmax_scale` (with soft-capping the
+    // logits' derivative is scale · (1 − tanh²)).
+    let m = ScoreModParams::new(score_mod, opts.softcap, t.alibi, batch, heads_q, scale)?;
+    (params.softcap_scale, params.scale_log2) = (m.softcap_scale, m.scale_log2);
+    (params.alibi_slopes, params.alibi_batch_stride, params.alibi_inv_scale) = (m.alibi_slopes, m.alibi_batch_stride, m.alibi_inv_scale);
     let (b, hq, hk) = (batch as u32, heads_q as u32, heads_k as u32);
     let aux = |kernel, rows: u32| Launch { kernel, grid: (rows.div_ceil(bwd::PREPROCESS_ROWS), hq, b), block: bwd::AUX_THREADS, smem_bytes: 0 };
     let launches = [

@@ -54,6 +54,9 @@ macro_rules! score_mod_type {
     (Alibi) => {
         fa3::mask::Alibi
     };
+    (SoftcapAlibi) => {
+        fa3::mask::SoftcapAlibi
+    };
 }
 
 /// The mask type of a kernel table's `MaskKind` name.
@@ -137,8 +140,8 @@ macro_rules! bwd_entries {
                 type KeyGrads = [softmax::Frag; $d / 8];
                 const HDIM: u32 = $d;
                 const DETERMINISTIC: bool = $deterministic;
-                const SOFTCAP: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Softcap);
-                const ALIBI: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Alibi);
+                const SOFTCAP: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Softcap | common::ScoreModKind::SoftcapAlibi);
+                const ALIBI: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Alibi | common::ScoreModKind::SoftcapAlibi);
                 const LOCAL: bool = matches!(common::MaskKind::$mask, common::MaskKind::Local);
             }
             let tma = kernel_param0_address!($name);

@@ -77,12 +77,15 @@ fn sink_logits(heads: usize, base: f32) -> Vec<f32> {
 }
 
 /// The attention variant of case number `variant`: 0 plain, 1 soft-capped at `cap`,
-/// 2 ALiBi with `slopes`, 3 the sliding `window`.
+/// 2 ALiBi with `slopes`, 3 the sliding `window`, 4 soft-capping and ALiBi, 5 all three.
 fn variant_of(variant: u8, cap: f32, slopes: &[f32], per_batch: bool, window: Window) -> (Option<f32>, Option<HostAlibi<'_>>, Option<Window>) {
+    let alibi = Some(HostAlibi { slopes, per_batch });
     match variant {
         1 => (Some(cap), None, None),
-        2 => (None, Some(HostAlibi { slopes, per_batch }), None),
+        2 => (None, alibi, None),
         3 => (None, None, Some(window)),
+        4 => (Some(cap), alibi, None),
+        5 => (Some(cap), alibi, Some(window)),
         _ => (None, None, None),
     }
 }
@@ -109,7 +112,7 @@ proptest! {
     /// derivative; with ALiBi (another third, per head or per (batch, head)) the bias
     /// moves P but not dS's formula.
     #[test]
-    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..4, cap in 1.0f32..8.0, slope in 0.01f32..0.5, left in 0usize..6, right in proptest::option::of(0usize..6), sink in proptest::option::of(-3.0f32..3.0)) {
+    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..6, cap in 1.0f32..8.0, slope in 0.01f32..0.5, left in 0usize..6, right in proptest::option::of(0usize..6), sink in proptest::option::of(-3.0f32..3.0)) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
@@ -163,7 +166,7 @@ proptest! {
     /// rows that see no key, from the tiled forward's O and LSE; with soft-capping or
     /// ALiBi too.
     #[test]
-    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..4, cap in 0.5f32..20.0, slope in 0.01f32..1.0, left in proptest::option::of(0usize..40), right in proptest::option::of(0usize..40), sink in proptest::option::of(-3.0f32..3.0)) {
+    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..6, cap in 0.5f32..20.0, slope in 0.01f32..1.0, left in proptest::option::of(0usize..40), right in proptest::option::of(0usize..40), sink in proptest::option::of(-3.0f32..3.0)) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);

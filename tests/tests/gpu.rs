@@ -274,6 +274,18 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Soft-capping with ALiBi (the bias after the cap): every head dim, both dtypes and
+    // masks, GQA, rows without keys, more tiles than SMs, and with a window.
+    for dtype in DType::ALL {
+        for d in [64, 128, 256] {
+            for causal in [false, true] {
+                let base = Case { softcap: Some(1.5), alibi: Some(causal), ..Case::base(None, dtype, d, causal) };
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                v.push(Case { b: 3, sq: 1500, sk: 1300, hq: 8, hk: 4, ..base.clone() });
+                v.push(Case { sq: 700, sk: 700, hq: 4, hk: 2, window: Some((Some(100), Some(30))), ..base.clone() });
+            }
+        }
+    }
     // The hdim 128 variants compute the same function as its default (every technique):
     // every technique named explicitly and no pingpong
     // (both dtypes, both masks), and the fp16 ablation kernels.

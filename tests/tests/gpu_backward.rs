@@ -158,6 +158,18 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Soft-capping with ALiBi (the bias after the cap): both head dims, dtypes and masks,
+    // rows without keys, deterministic, and with a window.
+    for dtype in DType::ALL {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let base = Case { softcap: Some(1.5), alibi: Some(causal), ..Case::base(dtype, d, causal) };
+                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base.clone() });
+                v.push(Case { sq: 700, sk: 700, hq: 4, hk: 2, window: Some((Some(100), Some(30))), ..base });
+            }
+        }
+    }
     // Attention sinks: dQ, dK, dV through the forward's LSE, and the sinks' gradient:
     // GQA and rows that see no key, strided, deterministic (bit-identical dsinks too),
     // with a window, soft-capping and ALiBi; both masks.

@@ -584,10 +584,15 @@ fn alibi_picks_the_alibi_kernel_and_checks_its_slopes() {
     let mut c = Call::good();
     c.alibi = Some(AlibiDesc { addr: BASE + 2, len: 8, per_batch: false });
     assert!(matches!(c.err(), AttnError::Misaligned { arg: Arg::AlibiSlopes, .. }));
+    // With soft-capping: the combined kernel, the slopes in the tanh's units (1 / c).
     let mut c = Call::good();
     c.alibi = slopes(8, false);
     c.opts = c.opts.softcap(30.0);
-    assert!(matches!(c.err(), AttnError::Unsupported(_)), "no kernel combines softcap and ALiBi");
+    let plan = c.plan().unwrap();
+    assert_eq!((plan.kernel.name, plan.kernel.score_mod), ("fa3_fwd_hdim128_bf16_softcap_alibi", common::ScoreModKind::SoftcapAlibi));
+    assert!((plan.params.alibi_inv_scale - 1.0 / 30.0).abs() < 1e-9);
+    assert!((plan.params.softcap_scale - 1.0 / (30.0 * 128f32.sqrt())).abs() < 1e-9);
+    assert_eq!(plan.params.softmax_scale, 30.0);
     let mut c = Call::good();
     c.alibi = slopes(8, false);
     c.opts = c.opts.softmax_scale(0.0);

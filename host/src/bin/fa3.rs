@@ -441,7 +441,8 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
     let (suffix, flops_factor) = a.pass.series_suffix_and_flops();
     // Variants are series of their own: "rust-fa3-softcap-bwd".
     let suffix = match (a.softcap.is_some(), a.alibi) {
-        (true, _) => format!("-softcap{suffix}"),
+        (true, true) => format!("-softcap-alibi{suffix}"),
+        (true, false) => format!("-softcap{suffix}"),
         (false, true) => format!("-alibi{suffix}"),
         _ => suffix.to_string(),
     };

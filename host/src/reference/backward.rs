@@ -226,13 +226,14 @@ pub fn attention_backward_tiled(
         let s: f32 = dot(p.q.row(b, i, h), p.k.row(b, j, h / group));
         // Soft-capping as the kernel: t = tanh(s · scale / c), P = exp2(t · c log2 e − LSE₂),
         // dS times 1 − t².
-        // ALiBi as the kernel: the bias in raw-score units joins S before the scale.
-        let s = s - p.alibi_bias(b, h, i, j) / p.scale;
+        // ALiBi as the kernel: the bias joins the score in its units (raw-score units
+        // before the scale; after the tanh, tanh units).
+        let bias = p.alibi_bias(b, h, i, j);
         let (pij, grad) = match p.softcap {
-            None => (s.mul_add(scale_log2, -lse2[r]).exp2(), 1.0),
+            None => ((s - bias / p.scale).mul_add(scale_log2, -lse2[r]).exp2(), 1.0),
             Some(c) => {
                 let t = (s * (p.scale / c)).tanh();
-                (t.mul_add(c * std::f32::consts::LOG2_E, -lse2[r]).exp2(), 1.0 - t * t)
+                ((t - bias / c).mul_add(c * std::f32::consts::LOG2_E, -lse2[r]).exp2(), 1.0 - t * t)
             }
         };
         let dp: f32 = dot(dout.row(b, i, h), p.v.row(b, j, h / group));

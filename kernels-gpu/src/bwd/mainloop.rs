@@ -235,18 +235,18 @@ impl<K: BwdTraits> Consumer<'_, K> {
                         let i = 2 * r + c;
                         let hidden = masked && mask.hides::<K>(self.p, r, query0 + (col + c as u32) as i32);
                         // Soft-capping: the score is the tanh; `c` is in `scale_log2`.
-                        // ALiBi: minus the slope times the distance from the diagonal.
-                        let logit = if K::SOFTCAP {
-                            math::tanh(sf[i] * self.p.softcap_scale)
-                        } else if K::ALIBI {
+                        // ALiBi: minus the slope times the distance from the diagonal
+                        // (after the tanh when both: the slope is then in its units).
+                        let t = if K::SOFTCAP { math::tanh(sf[i] * self.p.softcap_scale) } else { sf[i] };
+                        let logit = if K::ALIBI {
                             let dist = (alibi_diag + 8 * r as i32 - (col + c as u32) as i32).unsigned_abs() as f32;
-                            math::fma(-slope, dist, sf[i])
+                            math::fma(-slope, dist, t)
                         } else {
-                            sf[i]
+                            t
                         };
                         let prob = if hidden { 0.0 } else { math::exp2(math::fma(logit, self.p.scale_log2, -lse2[c])) };
                         pair[c] = prob;
-                        sf[i] = if K::SOFTCAP { prob * math::fma(-logit, logit, 1.0) } else { prob };
+                        sf[i] = if K::SOFTCAP { prob * math::fma(-t, t, 1.0) } else { prob };
                     }
                     packed[2 * e + r] = K::Element::pack2(pair[0], pair[1]);
                 }

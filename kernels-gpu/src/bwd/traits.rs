@@ -21,8 +21,9 @@ pub trait BwdTraits: Copy + 'static {
     /// dQ summed in a fixed order per query block, each CTA waiting for its turn
     /// (`dq_semaphore`, `common::bwd::DqOrder`).
     const DETERMINISTIC: bool;
-    /// Soft-capped logits `c · tanh(S · scale / c)` (`common::ScoreModKind::Softcap`):
-    /// `P` from them, and `dS` times their derivative `1 − tanh²`.
+    /// Soft-capped logits `c · tanh(S · scale / c)` (`common::ScoreModKind::Softcap`, and
+    /// `SoftcapAlibi` with ALiBi after the tanh): `P` from them, and `dS` times their
+    /// derivative `1 − tanh²`.
     const SOFTCAP: bool;
     /// ALiBi: `S − (slope / scale) · |query + seqlen_k − seqlen_q − key|` before the
     /// softmax's scale (`common::ScoreModKind::Alibi`); dS is unchanged (the bias does

@@ -174,6 +174,28 @@ impl ScoreMod for Softcap {
     }
 }
 
+/// Soft-capping then ALiBi (`common::ScoreModKind::SoftcapAlibi`): the score
+/// `tanh(S · scale / c)` less the bias in the same units (the host sets
+/// `FwdParams::alibi_inv_scale = 1 / c`), so the logits are `c · tanh(..) − slope · |..|`.
+#[derive(Clone, Copy)]
+pub struct SoftcapAlibi {
+    softcap: Softcap,
+    alibi: Alibi,
+}
+
+impl ScoreMod for SoftcapAlibi {
+    #[inline(always)]
+    fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
+        SoftcapAlibi { softcap: Softcap::new(p, batch, head), alibi: Alibi::new(p, batch, head) }
+    }
+
+    #[inline(always)]
+    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) {
+        self.softcap.apply(s, row_g, col_2t);
+        self.alibi.apply(s, row_g, col_2t);
+    }
+}
+
 /// ALiBi (`common::ScoreModKind::Alibi`): `S − (slope / scale) · |i + seqlen_k − seqlen_q − j|`,
 /// which the softmax's scale turns into the logits `scale · S − slope · |...|`.
 #[derive(Clone, Copy)]
