@@ -107,6 +107,36 @@ pub fn flash_attn_func_into(
     launch(gpu, stream, &plan)
 }
 
+/// The forward on raw device addresses (for bindings that own their memory, such as a
+/// PyTorch extension): the same validation and kernels as [`flash_attn_func_into`],
+/// with the tensors, the LSE (`(address, f32 elements)`), the ALiBi slopes and the sink
+/// logits given as addresses, and `stream` any stream of `gpu`'s context (e.g. one from
+/// `CudaContext::wrap_borrowed_stream`).
+///
+/// # Safety
+/// Every address and extent must describe live device memory of `gpu`'s context that
+/// stays valid, and is not written by others, until the launch completes on `stream`
+/// (nothing orders other streams' work with it).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn flash_attn_raw(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    q: &TensorDesc,
+    k: &TensorDesc,
+    v: &TensorDesc,
+    out: &TensorDesc,
+    lse: (u64, usize),
+    opts: &AttnOptions,
+    alibi: Option<AlibiDesc>,
+    sinks: Option<DeviceVec>,
+) -> Result<()> {
+    if !Arc::ptr_eq(stream.context(), gpu.context()) {
+        return Err(AttnError::ForeignStream);
+    }
+    let plan = plan_forward(q, k, v, out, lse, opts, alibi, sinks, gpu.info().sm_count)?;
+    launch(gpu, stream, &plan)
+}
+
 /// The options' sink logits as the planners take them, and their read guard.
 fn sinks_desc<'a>(opts: &AttnOptions<'a>, stream: &'a Arc<CudaStream>) -> (Option<DeviceVec>, Option<SyncOnDrop<'a>>) {
     match opts.sinks {
@@ -290,7 +320,26 @@ pub fn flash_attn_backward_into(
         sinks,
         dsinks,
     };
-    let plan = plan_backward(&tensors, opts, gpu.info().sm_count)?;
+    launch_backward(gpu, stream, &tensors, opts)
+}
+
+/// The backward on raw device addresses (as [`flash_attn_raw`] for the forward): the
+/// same validation and kernels as [`flash_attn_backward_into`], every buffer given by
+/// address in `tensors` (the workspace at least [`backward_workspace_bytes`]).
+///
+/// # Safety
+/// As [`flash_attn_raw`]: every address and extent must describe live device memory of
+/// `gpu`'s context, valid until the launches complete on `stream`.
+pub unsafe fn flash_attn_backward_raw(gpu: &Gpu, stream: &Arc<CudaStream>, tensors: &BwdTensors, opts: &AttnOptions) -> Result<()> {
+    if !Arc::ptr_eq(stream.context(), gpu.context()) {
+        return Err(AttnError::ForeignStream);
+    }
+    launch_backward(gpu, stream, tensors, opts)
+}
+
+/// Plans and launches the backward's three kernels.
+fn launch_backward(gpu: &Gpu, stream: &Arc<CudaStream>, tensors: &BwdTensors, opts: &AttnOptions) -> Result<()> {
+    let plan = plan_backward(tensors, opts, gpu.info().sm_count)?;
     let tma = TmaBlock::encode(&plan.tma)?;
     let params = BwdParamBlock(plan.params);
     for l in &plan.launches {
@@ -303,7 +352,7 @@ pub fn flash_attn_backward_into(
         }
         builder.arg(&params);
         // SAFETY: the plan was validated: every address the kernels derive from the
-        // parameters lies inside the buffers borrowed above (the workspace sized by
+        // parameters lies inside the buffers the caller holds (the workspace sized by
         // `WorkspaceLayout`), which outlive the launches.
         unsafe { builder.launch(cfg) }?;
     }

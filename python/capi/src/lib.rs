@@ -1,0 +1,274 @@
+//! The C ABI of flash-attn3: the forward and backward on raw device pointers and a
+//! caller's CUDA stream, for bindings that own their tensors (the PyTorch extension in
+//! `python/flash_attn3_torch` loads this library with `ctypes`: no compiler on the
+//! machine that installs it, and no PyTorch C++ ABI to match).
+//!
+//! Every function returns 0 on success and a negative code otherwise, with the message
+//! of the last error on the calling thread from [`fa3_last_error`]. Nothing here panics
+//! across the boundary: arguments are validated by the library's planners (the same
+//! typed errors as the Rust API) before anything is launched.
+use common::DType;
+use cudarc::driver::sys::CUstream;
+use flash_attn3::{AttnError, AttnOptions, BwdTensors, DeviceVec, Gpu, Layout, TensorDesc, Window};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_char;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A tensor `[batch, seqlen, heads, hdim]` on the device: address, shape, strides in
+/// elements, element type (0: f16, 1: bf16) and the elements its buffer holds from
+/// `ptr` on (for the bounds check; the storage's size less the offset).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Fa3Tensor {
+    pub ptr: u64,
+    pub shape: [i64; 4],
+    pub strides: [i64; 4],
+    pub dtype: i32,
+    pub numel_in_buffer: i64,
+}
+
+/// The options of a call (`flash_attn_func`'s): `softmax_scale` NaN for `1/sqrt(hdim)`;
+/// `window_left` / `window_right` negative for unbounded (both: no window); `softcap` 0
+/// for none; `sinks` a device address of f32 `[heads_q]` logits, or 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Fa3Options {
+    pub softmax_scale: f32,
+    pub causal: i32,
+    pub window_left: i64,
+    pub window_right: i64,
+    pub softcap: f32,
+    pub deterministic: i32,
+    pub sinks: u64,
+}
+
+/// Bad argument (the message names it).
+pub const FA3_ERR_INVALID: i32 = -1;
+/// A CUDA or kernel-loading failure.
+pub const FA3_ERR_CUDA: i32 = -2;
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+fn fail(code: i32, msg: String) -> i32 {
+    LAST_ERROR.with(|e| *e.borrow_mut() = msg);
+    code
+}
+
+fn code_of(e: &AttnError) -> i32 {
+    match e {
+        AttnError::Driver(_) | AttnError::KernelLoad(_) | AttnError::NoDriver | AttnError::NoDevice { .. } | AttnError::UnsupportedGpu { .. } => {
+            FA3_ERR_CUDA
+        }
+        _ => FA3_ERR_INVALID,
+    }
+}
+
+/// The library's handle of device `ordinal` (its kernels loaded once per process).
+fn gpu(ordinal: i32) -> Result<Arc<Gpu>, AttnError> {
+    static GPUS: OnceLock<Mutex<HashMap<i32, Arc<Gpu>>>> = OnceLock::new();
+    let mut gpus = GPUS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(g) = gpus.get(&ordinal) {
+        return Ok(g.clone());
+    }
+    let ordinal_usize = usize::try_from(ordinal).map_err(|_| AttnError::NoDevice { ordinal: 0, detail: format!("device {ordinal}") })?;
+    let g = Arc::new(Gpu::new(ordinal_usize)?);
+    gpus.insert(ordinal, g.clone());
+    Ok(g)
+}
+
+fn desc(t: &Fa3Tensor, name: &str) -> Result<TensorDesc, AttnError> {
+    let dtype = match t.dtype {
+        0 => DType::F16,
+        1 => DType::BF16,
+        d => return Err(AttnError::Unsupported(format!("{name}: dtype code {d} (0: f16, 1: bf16)"))),
+    };
+    let dim = |x: i64, what: &str| usize::try_from(x).map_err(|_| AttnError::Unsupported(format!("{name}: negative {what} {x}")));
+    let shape = [dim(t.shape[0], "size")?, dim(t.shape[1], "size")?, dim(t.shape[2], "size")?, dim(t.shape[3], "size")?];
+    let strides = [dim(t.strides[0], "stride")?, dim(t.strides[1], "stride")?, dim(t.strides[2], "stride")?, dim(t.strides[3], "stride")?];
+    Ok(TensorDesc { dtype, layout: Layout { shape, strides }, addr: t.ptr, buffer_len: dim(t.numel_in_buffer, "buffer length")? })
+}
+
+fn options(o: &Fa3Options) -> AttnOptions<'static> {
+    let side = |w: i64| usize::try_from(w).ok();
+    let mut opts = AttnOptions::default().causal(o.causal != 0).deterministic(o.deterministic != 0);
+    if !o.softmax_scale.is_nan() {
+        opts = opts.softmax_scale(o.softmax_scale);
+    }
+    if o.softcap != 0.0 {
+        opts = opts.softcap(o.softcap);
+    }
+    let window = Window { left: side(o.window_left), right: side(o.window_right) };
+    if window.is_bounded() {
+        opts.window = Some(window);
+    }
+    opts
+}
+
+/// Runs `f` with the device's handle and the caller's stream, mapping errors to codes.
+fn with_stream(device: i32, stream: u64, f: impl FnOnce(&Gpu, &Arc<cudarc::driver::CudaStream>) -> Result<(), AttnError>) -> i32 {
+    let result = gpu(device).and_then(|g| {
+        // SAFETY: the caller passes a stream of this device's primary context (PyTorch's
+        // current stream) and keeps it alive during the call; work on it is ordered by
+        // the stream itself.
+        let s = unsafe { g.context().wrap_borrowed_stream(stream as CUstream) };
+        f(&g, &s)
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => fail(code_of(&e), e.to_string()),
+    }
+}
+
+/// The forward: O into `out`, the natural-log LSE (`[batch, heads_q, seqlen_q]` f32) at
+/// `lse` (`lse_len` floats), on `stream` of device `device`.
+///
+/// # Safety
+/// The pointers must be valid `Fa3Tensor`s / `Fa3Options`, every device address and
+/// extent in them live memory of the device until the launch completes on `stream`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fa3_forward(
+    device: i32,
+    stream: u64,
+    q: *const Fa3Tensor,
+    k: *const Fa3Tensor,
+    v: *const Fa3Tensor,
+    out: *const Fa3Tensor,
+    lse: u64,
+    lse_len: i64,
+    opts: *const Fa3Options,
+) -> i32 {
+    // SAFETY: the caller passes valid pointers.
+    let (q, k, v, out, o) = unsafe { (*q, *k, *v, *out, *opts) };
+    with_stream(device, stream, |g, s| {
+        let heads_q = usize::try_from(q.shape[2]).unwrap_or(0);
+        let sinks = (o.sinks != 0).then_some(DeviceVec { addr: o.sinks, len: heads_q });
+        let lse = (lse, usize::try_from(lse_len).unwrap_or(0));
+        let (q, k, v, out) = (desc(&q, "q")?, desc(&k, "k")?, desc(&v, "v")?, desc(&out, "out")?);
+        // SAFETY: the caller guarantees the memory (this function's contract).
+        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), None, sinks) }
+    })
+}
+
+/// Bytes of workspace [`fa3_backward`] needs for q of shape `[batch, seqlen_q, heads_q,
+/// hdim]`.
+#[unsafe(no_mangle)]
+pub extern "C" fn fa3_backward_workspace_bytes(batch: i64, seqlen_q: i64, heads_q: i64, hdim: i64) -> i64 {
+    let u = |x: i64| usize::try_from(x).unwrap_or(0);
+    flash_attn3::backward_workspace_bytes(u(batch), u(seqlen_q), u(heads_q), u(hdim)) as i64
+}
+
+/// The backward: dQ, dK, dV (and with `opts.sinks` and `dsinks != 0`, the sinks'
+/// gradient, `[heads_q]` f32) from the forward's `out` and `lse` and `dout`, with the
+/// scratch at `workspace` (`workspace_len` bytes, 256-byte aligned).
+///
+/// # Safety
+/// As [`fa3_forward`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fa3_backward(
+    device: i32,
+    stream: u64,
+    tensors: *const Fa3Tensor,
+    lse: u64,
+    lse_len: i64,
+    dsinks: u64,
+    workspace: u64,
+    workspace_len: i64,
+    opts: *const Fa3Options,
+) -> i32 {
+    // SAFETY: the caller passes 8 tensors: q, k, v, out, dout, dq, dk, dv.
+    let (t, o) = unsafe { (std::slice::from_raw_parts(tensors, 8), *opts) };
+    with_stream(device, stream, |g, s| {
+        let names = ["q", "k", "v", "out", "dout", "dq", "dk", "dv"];
+        let d: Vec<TensorDesc> = t.iter().zip(names).map(|(t, n)| desc(t, n)).collect::<Result<_, _>>()?;
+        let heads_q = d[0].layout.shape[2];
+        let vec = |addr: u64| (addr != 0).then_some(DeviceVec { addr, len: heads_q });
+        let tensors = BwdTensors {
+            q: d[0],
+            k: d[1],
+            v: d[2],
+            out: d[3],
+            dout: d[4],
+            lse: (lse, usize::try_from(lse_len).unwrap_or(0)),
+            dq: d[5],
+            dk: d[6],
+            dv: d[7],
+            workspace: (workspace, usize::try_from(workspace_len).unwrap_or(0)),
+            alibi: None,
+            sinks: vec(o.sinks).filter(|_| dsinks != 0),
+            dsinks: vec(dsinks),
+        };
+        // SAFETY: the caller guarantees the memory (this function's contract).
+        unsafe { flash_attn3::flash_attn_backward_raw(g, s, &tensors, &options(&o)) }
+    })
+}
+
+/// Copies the last error's message on this thread into `buf` (`len` bytes, NUL
+/// terminated, truncated if needed); returns the message's full length in bytes.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes (or null with `len` 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fa3_last_error(buf: *mut c_char, len: usize) -> usize {
+    LAST_ERROR.with(|e| {
+        let e = e.borrow();
+        if len > 0 && !buf.is_null() {
+            let n = e.len().min(len - 1);
+            // SAFETY: `buf` holds `len` bytes; `n + 1 <= len`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(e.as_ptr() as *const c_char, buf, n);
+                *buf.add(n) = 0;
+            }
+        }
+        e.len()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(shape: [i64; 4]) -> Fa3Tensor {
+        let strides = [shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1];
+        Fa3Tensor { ptr: 0x7f00_0000_0000, shape, strides, dtype: 1, numel_in_buffer: shape.iter().product() }
+    }
+
+    #[test]
+    fn options_map_to_the_rust_api() {
+        let o = Fa3Options { softmax_scale: f32::NAN, causal: 1, window_left: 128, window_right: -1, softcap: 0.0, deterministic: 0, sinks: 0 };
+        let a = options(&o);
+        assert!(a.causal && a.softmax_scale.is_none() && a.softcap.is_none());
+        assert_eq!(a.window, Some(Window { left: Some(128), right: None }));
+        let none = options(&Fa3Options { window_left: -1, ..o });
+        assert_eq!(none.window, None, "unbounded on both sides: no window");
+        assert_eq!(options(&Fa3Options { softcap: 30.0, softmax_scale: 0.1, ..o }).softcap, Some(30.0));
+    }
+
+    #[test]
+    fn bad_tensors_are_refused_with_their_name() {
+        let mut t = tensor([2, 128, 8, 64]);
+        t.dtype = 7;
+        assert!(desc(&t, "k").unwrap_err().to_string().contains("k: dtype code 7"));
+        let mut t = tensor([2, 128, 8, 64]);
+        t.strides[1] = -5;
+        assert!(desc(&t, "q").unwrap_err().to_string().contains("q: negative stride"));
+        let d = desc(&tensor([2, 128, 8, 64]), "q").unwrap();
+        assert_eq!((d.layout.shape, d.layout.strides, d.dtype), ([2, 128, 8, 64], [65536, 512, 64, 1], DType::BF16));
+    }
+
+    #[test]
+    fn errors_reach_the_caller_as_codes_and_messages() {
+        // No driver on CI machines: the device handle fails, as a CUDA error with a message.
+        let (q, o) = (tensor([1, 64, 2, 64]), Fa3Options { softmax_scale: f32::NAN, causal: 0, window_left: -1, window_right: -1, softcap: 0.0, deterministic: 0, sinks: 0 });
+        // SAFETY: valid host structs; nothing is launched without a device.
+        let rc = unsafe { fa3_forward(0, 0, &q, &q, &q, &q, 0x7f00_0000_0000, 128, &o) };
+        if rc != 0 {
+            let mut buf = [0 as c_char; 256];
+            // SAFETY: 256 bytes.
+            let n = unsafe { fa3_last_error(buf.as_mut_ptr(), buf.len()) };
+            assert!(n > 0 && buf[0] != 0, "an error code comes with a message");
+        }
+    }
+}

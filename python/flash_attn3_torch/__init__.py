@@ -1,0 +1,148 @@
+"""FlashAttention for Hopper with kernels written in Rust, for PyTorch.
+
+`flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
+softcap=0.0, deterministic=False, return_lse=False)` on CUDA tensors `[batch, seqlen,
+heads, head_dim]` (fp16/bf16, head_dim 64/128/256; the backward 64/128), with autograd
+and `torch.compile` support: the forward and backward are `torch.library` custom ops
+(`flash_attn3::fwd`, `flash_attn3::bwd`) with fake implementations, so compiled graphs
+keep them whole.
+
+The kernels run on PyTorch's current stream with no copies: the library
+(`libflash_attn3_capi.so`, the Rust crate `python/capi`) takes the tensors' device
+pointers, shapes and strides through a C ABI, loaded with ctypes (no compiler, no
+PyTorch C++ ABI to match).
+"""
+import ctypes
+import math
+import os
+
+import torch
+
+__all__ = ["flash_attn_func"]
+
+_lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libflash_attn3_capi.so"))
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [
+        ("ptr", ctypes.c_uint64),
+        ("shape", ctypes.c_int64 * 4),
+        ("strides", ctypes.c_int64 * 4),
+        ("dtype", ctypes.c_int32),
+        ("numel_in_buffer", ctypes.c_int64),
+    ]
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("softcap", ctypes.c_float),
+        ("deterministic", ctypes.c_int32),
+        ("sinks", ctypes.c_uint64),
+    ]
+
+
+_lib.fa3_forward.argtypes = [ctypes.c_int32, ctypes.c_uint64] + [ctypes.POINTER(_Tensor)] * 4 + [ctypes.c_uint64, ctypes.c_int64, ctypes.POINTER(_Options)]
+_lib.fa3_forward.restype = ctypes.c_int32
+_lib.fa3_backward.argtypes = [ctypes.c_int32, ctypes.c_uint64, ctypes.POINTER(_Tensor), ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64, ctypes.POINTER(_Options)]
+_lib.fa3_backward.restype = ctypes.c_int32
+_lib.fa3_backward_workspace_bytes.argtypes = [ctypes.c_int64] * 4
+_lib.fa3_backward_workspace_bytes.restype = ctypes.c_int64
+_lib.fa3_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+_lib.fa3_last_error.restype = ctypes.c_size_t
+
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+
+
+def _desc(name, t):
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be a CUDA tensor")
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
+    in_buffer = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    return _Tensor(t.data_ptr(), (ctypes.c_int64 * 4)(*t.shape), (ctypes.c_int64 * 4)(*t.stride()), _DTYPES[t.dtype], in_buffer)
+
+
+def _options(softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    return _Options(softmax_scale, int(causal), window_left, window_right, softcap, int(deterministic), 0)
+
+
+def _check(rc):
+    if rc != 0:
+        buf = ctypes.create_string_buffer(2048)
+        _lib.fa3_last_error(buf, len(buf))
+        raise RuntimeError(f"flash_attn3: {buf.value.decode()}")
+
+
+def _stream(t):
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+@torch.library.custom_op("flash_attn3::fwd", mutates_args=())
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, window_left: int,
+         window_right: int, softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    b, s, h, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    descs = [_desc(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("out", out))]
+    opts = _options(softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    _check(_lib.fa3_forward(q.device.index, _stream(q), *[ctypes.byref(d) for d in descs], lse.data_ptr(), lse.numel(), ctypes.byref(opts)))
+    return out, lse
+
+
+@_fwd.register_fake
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    b, s, h, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.custom_op("flash_attn3::bwd", mutates_args=())
+def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dout = dout.contiguous()
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    b, s, h, d = q.shape
+    ws = torch.empty(max(1, _lib.fa3_backward_workspace_bytes(b, s, h, d)), dtype=torch.uint8, device=q.device)
+    tensors = (_Tensor * 8)(*[_desc(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv))])
+    opts = _options(softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    _check(_lib.fa3_backward(q.device.index, _stream(q), tensors, lse.data_ptr(), lse.numel(), 0, ws.data_ptr(), ws.numel(), ctypes.byref(opts)))
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *params = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.params = params
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _bwd(dout, q, k, v, out, lse, *ctx.params)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False, return_lse=False):
+    """Attention of `q` `[batch, seqlen_q, heads_q, head_dim]` over `k`, `v` `[batch,
+    seqlen_k, heads_k, head_dim]` (heads_q a multiple of heads_k: MQA/GQA), as
+    FlashAttention's `flash_attn_func`: `softmax_scale` (default `1/sqrt(head_dim)`),
+    bottom-right `causal` mask, `window_size=(left, right)` (-1: unbounded), `softcap`
+    (0: none); `deterministic` makes the backward's dQ bit-identical across runs. Returns
+    O (and the natural-log LSE `[batch, heads_q, seqlen_q]` f32 with `return_lse`)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    out, lse = _fwd(q, k, v, scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap), bool(deterministic))
+    return (out, lse) if return_lse else out
