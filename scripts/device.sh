@@ -107,18 +107,11 @@ for step in "$@"; do
       # rotated loop). The causal cases of 200 rows start their first tile before row 0,
       # and 1x17x2x128 causal has a warpgroup wholly before it. hdim 256 runs its 64-key
       # kernel up to 4096 keys, its 80-key one on 4200.
-      for tool in memcheck racecheck synccheck; do
-        for a in "1x200x2x64 --causal" "1x256x70x64 --causal" "1x1100x2x64" "1x1100x24x64" \
-          "1x200x2x128 --causal" "1x256x70x128 --causal" "1x300x2x128" "1x200x2x256 --causal" \
-          "1x256x70x256 --causal" "1x300x4x128 --heads-k 2 --schedule multicast" \
-          "1x300x2x128 --algo fa3-nopingpong" "1x300x2x128 --causal --algo fa3-nooverlap" \
-          "1x17x2x128 --causal" "1x100x2x256 --seqlen-k 4200 --causal"; do
-          echo "$tool $a"
-        done
-      done | B=$B TMP=$TMP xargs -P 8 -L 1 bash -c 'tool=$0; log=$(mktemp -p "$TMP"); timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/fa3" run --dtype f16 --random "$@" > "$log" 2>&1; rc=$?
-          echo "$tool $*: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1) (rc $rc)"; [ $rc -eq 0 ] || echo "SANITIZER FAILED $tool $*"' \
-        | sort | tee "$OUT/sanitize.log"
-      ! grep -q "SANITIZER FAILED" "$OUT/sanitize.log" || status=1 ;;
+      B=$B OUT=$OUT scripts/sanitize.sh "1x200x2x64 --causal" "1x256x70x64 --causal" "1x1100x2x64" "1x1100x24x64" \
+        "1x200x2x128 --causal" "1x256x70x128 --causal" "1x300x2x128" "1x200x2x256 --causal" \
+        "1x256x70x256 --causal" "1x300x4x128 --heads-k 2 --schedule multicast" \
+        "1x300x2x128 --algo fa3-nopingpong" "1x300x2x128 --causal --algo fa3-nooverlap" \
+        "1x17x2x128 --causal" "1x100x2x256 --seqlen-k 4200 --causal" || status=1 ;;
     profile)
       # ncu on one config, ours (the single launch of `fa3 run`) and cuDNN's kernel (the
       # first launch from peers.py), at the clocks the card chooses (one launch is far from

@@ -6,22 +6,15 @@
 set -uo pipefail
 B=.device/bin
 OUT=${OUT:-/tmp/fa3-out}
-TMP=$(mktemp -d)
 mkdir -p "$OUT"
 status=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu_tests.log"
 FA3_REQUIRE_GPU=1 timeout 330 $B/gpu ${TESTS_FILTER:-} >> "$OUT/gpu_tests.log" 2>&1 || status=1
 FA3_REQUIRE_GPU=1 timeout 150 $B/gpu_backward ${TESTS_FILTER:-} >> "$OUT/gpu_tests.log" 2>&1 || status=1
 grep -E "^test result|FAILED|failed" "$OUT/gpu_tests.log"
-for tool in memcheck racecheck synccheck; do
-  for a in "1x300x2x64 --window 40,9" "1x1000x4x64 --heads-k 2 --causal --window 100,0 --backward --deterministic" \
-    "1x700x2x128 --causal --window 128,0 --softcap 2 --backward" "1x500x4x128 --heads-k 1 --window 64,inf --alibi --backward --deterministic" \
-    "1x300x2x256 --seqlen-k 700 --window 5,3" "1x300x4x128 --heads-k 2 --causal --sinks -1,0.5,2,3.5 --backward" \
-    "2x500x4x64 --seqlen-k 200 --causal --sinks 1 --backward --deterministic" "1x300x2x256 --sinks 2,-1"; do
-    echo "$tool $a"
-  done
-done | B=$B TMP=$TMP xargs -P 8 -L 1 bash -c 'tool=$0; log=$(mktemp -p "$TMP"); timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/fa3" run --dtype f16 --random "$@" > "$log" 2>&1; rc=$?
-  echo "$tool $*: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1) (rc $rc)"; [ $rc -eq 0 ] || { echo "SANITIZER FAILED $tool $*"; tail -5 "$log"; }' \
-  | sort | tee "$OUT/sanitize.log"
-! grep -q "SANITIZER FAILED" "$OUT/sanitize.log" || status=1
+B=$B OUT=$OUT scripts/sanitize.sh "1x300x2x64 --window 40,9" "1x1000x4x64 --heads-k 2 --causal --window 100,0 --backward --deterministic" \
+  "1x700x2x128 --causal --window 128,0 --softcap 2 --backward" "1x500x4x128 --heads-k 1 --window 64,inf --alibi --backward --deterministic" \
+  "1x300x2x256 --seqlen-k 700 --window 5,3" "1x300x4x128 --heads-k 2 --causal --sinks -1,0.5,2,3.5 --backward" \
+  "2x500x4x64 --seqlen-k 200 --causal --sinks 1 --backward --deterministic" "1x300x2x256 --sinks 2,-1" || status=1
+
 exit $status
