@@ -15,6 +15,7 @@ PyTorch C++ ABI to match).
 import ctypes
 import math
 import os
+from typing import Optional
 
 import torch
 
@@ -42,6 +43,8 @@ class _Options(ctypes.Structure):
         ("softcap", ctypes.c_float),
         ("deterministic", ctypes.c_int32),
         ("sinks", ctypes.c_uint64),
+        ("alibi_slopes", ctypes.c_uint64),
+        ("alibi_per_batch", ctypes.c_int32),
     ]
 
 
@@ -68,8 +71,20 @@ def _desc(name, t):
     return _Tensor(t.data_ptr(), (ctypes.c_int64 * 4)(*t.shape), (ctypes.c_int64 * 4)(*t.stride()), _DTYPES[t.dtype], in_buffer)
 
 
-def _options(softmax_scale, causal, window_left, window_right, softcap, deterministic):
-    return _Options(softmax_scale, int(causal), window_left, window_right, softcap, int(deterministic), 0)
+def _vector(name, t, shapes):
+    """A float32 CUDA vector argument (ALiBi slopes, sinks): its address, or 0."""
+    if t is None:
+        return 0
+    if not (t.is_cuda and t.dtype == torch.float32 and t.is_contiguous() and tuple(t.shape) in shapes):
+        raise ValueError(f"{name} must be a contiguous float32 CUDA tensor of shape {' or '.join(map(str, shapes))}, got {t.dtype} {tuple(t.shape)}")
+    return t.data_ptr()
+
+
+def _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    b, _, h, _ = q.shape
+    slopes = _vector("alibi_slopes", alibi_slopes, [(h,), (b, h)])
+    per_batch = alibi_slopes is not None and alibi_slopes.dim() == 2
+    return _Options(softmax_scale, int(causal), window_left, window_right, softcap, int(deterministic), _vector("sinks", sinks, [(h,)]), slopes, int(per_batch))
 
 
 def _check(rc):
@@ -84,65 +99,75 @@ def _stream(t):
 
 
 @torch.library.custom_op("flash_attn3::fwd", mutates_args=())
-def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, window_left: int,
-         window_right: int, softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     b, s, h, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     descs = [_desc(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("out", out))]
-    opts = _options(softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    opts = _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic)
     _check(_lib.fa3_forward(q.device.index, _stream(q), *[ctypes.byref(d) for d in descs], lse.data_ptr(), lse.numel(), ctypes.byref(opts)))
     return out, lse
 
 
 @_fwd.register_fake
-def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _(q, k, v, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic):
     b, s, h, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, h, s), dtype=torch.float32)
 
 
 @torch.library.custom_op("flash_attn3::bwd", mutates_args=())
 def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor], softmax_scale: float, causal: bool,
+         window_left: int, window_right: int, softcap: float,
+         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dout = dout.contiguous()
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     b, s, h, d = q.shape
     ws = torch.empty(max(1, _lib.fa3_backward_workspace_bytes(b, s, h, d)), dtype=torch.uint8, device=q.device)
     tensors = (_Tensor * 8)(*[_desc(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv))])
-    opts = _options(softmax_scale, causal, window_left, window_right, softcap, deterministic)
-    _check(_lib.fa3_backward(q.device.index, _stream(q), tensors, lse.data_ptr(), lse.numel(), 0, ws.data_ptr(), ws.numel(), ctypes.byref(opts)))
-    return dq, dk, dv
+    opts = _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    # The sinks' gradient, or an empty tensor without sinks.
+    dsinks = torch.empty(h if sinks is not None else 0, dtype=torch.float32, device=q.device)
+    _check(_lib.fa3_backward(q.device.index, _stream(q), tensors, lse.data_ptr(), lse.numel(), dsinks.data_ptr() if sinks is not None else 0,
+                             ws.data_ptr(), ws.numel(), ctypes.byref(opts)))
+    return dq, dk, dv, dsinks
 
 
 @_bwd.register_fake
-def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, deterministic):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+def _(dout, q, k, v, out, lse, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return (*grads, q.new_empty(q.shape[2] if sinks is not None else 0, dtype=torch.float32))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *params = inputs
+    q, k, v, alibi_slopes, sinks, *params = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
     ctx.params = params
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _bwd(dout, q, k, v, out, lse, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None
+    q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = _bwd(dout, q, k, v, out, lse, alibi_slopes, sinks, *ctx.params)
+    return dq, dk, dv, None, (dsinks if sinks is not None else None), None, None, None, None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False, return_lse=False):
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    deterministic=False, return_lse=False, sinks=None):
     """Attention of `q` `[batch, seqlen_q, heads_q, head_dim]` over `k`, `v` `[batch,
     seqlen_k, heads_k, head_dim]` (heads_q a multiple of heads_k: MQA/GQA), as
     FlashAttention's `flash_attn_func`: `softmax_scale` (default `1/sqrt(head_dim)`),
     bottom-right `causal` mask, `window_size=(left, right)` (-1: unbounded), `softcap`
-    (0: none); `deterministic` makes the backward's dQ bit-identical across runs. Returns
-    O (and the natural-log LSE `[batch, heads_q, seqlen_q]` f32 with `return_lse`)."""
+    (0: none), `alibi_slopes` (float32 `[heads_q]` or `[batch, heads_q]`, the bias
+    `-slope * |i + seqlen_k - seqlen_q - j|`); `deterministic` makes the backward's dQ
+    bit-identical across runs; `sinks` (float32 `[heads_q]` logits that join each row's
+    softmax denominator; differentiable). Returns O (and the natural-log LSE `[batch,
+    heads_q, seqlen_q]` f32 with `return_lse`)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    out, lse = _fwd(q, k, v, scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap), bool(deterministic))
+    out, lse = _fwd(q, k, v, alibi_slopes, sinks, scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap), bool(deterministic))
     return (out, lse) if return_lse else out

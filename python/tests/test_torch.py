@@ -105,6 +105,62 @@ def test_bad_input_raises_a_clear_error():
         raise AssertionError("f32 must be refused")
 
 
+def alibi_bias(slopes, sq, sk):
+    """-slope_h * |i + sk - sq - j|, `[h, sq, sk]`."""
+    i = torch.arange(sq, device=DEV)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=DEV)[None, :]
+    return -slopes[:, None, None] * (i - j).abs()[None]
+
+
+def test_alibi_matches_sdpa_with_the_bias():
+    b, sq, sk, h, d = 2, 300, 400, 4, 128
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v, do = inputs(b, sq, sk, h, h, d, dtype, seed=3)
+        slopes = torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)], device=DEV)
+        out = flash_attn_func(q, k, v, alibi_slopes=slopes)
+        grads = torch.autograd.grad(out, (q, k, v), do)
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref = lambda q, k, v, bias: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias).transpose(1, 2)
+        exact = ref(q64, k64, v64, alibi_bias(slopes.double(), sq, sk))
+        lowp = ref(q, k, v, alibi_bias(slopes, sq, sk).to(dtype))
+        ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+        rule(out, lowp, exact, 1e-5)
+        for ours, lo, ex in zip(grads, torch.autograd.grad(lowp, (q, k, v), do), torch.autograd.grad(exact, (q64, k64, v64), do.double())):
+            rule(ours, lo, ex, ulp)
+
+
+def sink_attention(q, k, v, sinks, causal):
+    """Attention with one sink logit per head in the softmax's denominator, `[b, s, h, d]`."""
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        sq, sk = s.shape[-2:]
+        keep = torch.arange(sk, device=DEV)[None, :] <= torch.arange(sq, device=DEV)[:, None] + (sk - sq)
+        s = s.masked_fill(~keep, float("-inf"))
+    sink = sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:-1], 1)
+    p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
+
+
+def test_sinks_and_their_gradient_match_f64():
+    b, s, h, d = 2, 300, 4, 64
+    for causal in (False, True):
+        q, k, v, do = inputs(b, s, s, h, h, d, torch.bfloat16, seed=5)
+        sinks = torch.tensor([-1.0, 0.5, 2.0, 3.5], device=DEV, requires_grad=True)
+        out = flash_attn_func(q, k, v, causal=causal, sinks=sinks)
+        grads = torch.autograd.grad(out, (q, k, v, sinks), do)
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+        exact = sink_attention(*leaves, causal)
+        lowp = sink_attention(q.float(), k.float(), v.float(), sinks, causal).to(torch.bfloat16)
+        rule(out, lowp, exact, 1e-5)
+        g_exact = torch.autograd.grad(exact, leaves, do.double())
+        g_lowp = torch.autograd.grad(lowp, (q, k, v), do)
+        for ours, lo, ex in zip(grads[:3], g_lowp, g_exact[:3]):
+            rule(ours, lo, ex, 2.0 ** -7)
+        # One sum over every row per head: a relative bound (bf16 O's rounding).
+        err = (grads[3].double() - g_exact[3]).abs().max().item()
+        assert err <= 2e-2 * g_exact[3].abs().max().item() + 1e-3, f"dsinks error {err:.3e}, exact {g_exact[3].tolist()}"
+
+
 class Block(torch.nn.Module):
     """One causal self-attention block with a feed-forward, attention pluggable."""
 

@@ -9,7 +9,7 @@
 //! typed errors as the Rust API) before anything is launched.
 use common::DType;
 use cudarc::driver::sys::CUstream;
-use flash_attn3::{AttnError, AttnOptions, BwdTensors, DeviceVec, Gpu, Layout, TensorDesc, Window};
+use flash_attn3::{AlibiDesc, AttnError, AttnOptions, BwdTensors, DeviceVec, Gpu, Layout, TensorDesc, Window};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_char;
@@ -30,7 +30,9 @@ pub struct Fa3Tensor {
 
 /// The options of a call (`flash_attn_func`'s): `softmax_scale` NaN for `1/sqrt(hdim)`;
 /// `window_left` / `window_right` negative for unbounded (both: no window); `softcap` 0
-/// for none; `sinks` a device address of f32 `[heads_q]` logits, or 0.
+/// for none; `sinks` a device address of f32 `[heads_q]` logits, or 0; `alibi_slopes` a
+/// device address of f32 slopes, `[heads_q]` or with `alibi_per_batch` `[batch,
+/// heads_q]`, or 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Fa3Options {
@@ -41,6 +43,8 @@ pub struct Fa3Options {
     pub softcap: f32,
     pub deterministic: i32,
     pub sinks: u64,
+    pub alibi_slopes: u64,
+    pub alibi_per_batch: i32,
 }
 
 /// Bad argument (the message names it).
@@ -89,6 +93,13 @@ fn desc(t: &Fa3Tensor, name: &str) -> Result<TensorDesc, AttnError> {
     let shape = [dim(t.shape[0], "size")?, dim(t.shape[1], "size")?, dim(t.shape[2], "size")?, dim(t.shape[3], "size")?];
     let strides = [dim(t.strides[0], "stride")?, dim(t.strides[1], "stride")?, dim(t.strides[2], "stride")?, dim(t.strides[3], "stride")?];
     Ok(TensorDesc { dtype, layout: Layout { shape, strides }, addr: t.ptr, buffer_len: dim(t.numel_in_buffer, "buffer length")? })
+}
+
+/// The ALiBi slopes of a call on q of `shape` (the caller sized them as declared).
+fn alibi(o: &Fa3Options, shape: [usize; 4]) -> Option<AlibiDesc> {
+    let per_batch = o.alibi_per_batch != 0;
+    let len = if per_batch { shape[0] * shape[2] } else { shape[2] };
+    (o.alibi_slopes != 0).then_some(AlibiDesc { addr: o.alibi_slopes, len, per_batch })
 }
 
 fn options(o: &Fa3Options) -> AttnOptions<'static> {
@@ -147,8 +158,9 @@ pub unsafe extern "C" fn fa3_forward(
         let sinks = (o.sinks != 0).then_some(DeviceVec { addr: o.sinks, len: heads_q });
         let lse = (lse, usize::try_from(lse_len).unwrap_or(0));
         let (q, k, v, out) = (desc(&q, "q")?, desc(&k, "k")?, desc(&v, "v")?, desc(&out, "out")?);
+        let alibi = alibi(&o, q.layout.shape);
         // SAFETY: the caller guarantees the memory (this function's contract).
-        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), None, sinks) }
+        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), alibi, sinks) }
     })
 }
 
@@ -196,7 +208,7 @@ pub unsafe extern "C" fn fa3_backward(
             dk: d[6],
             dv: d[7],
             workspace: (workspace, usize::try_from(workspace_len).unwrap_or(0)),
-            alibi: None,
+            alibi: alibi(&o, d[0].layout.shape),
             sinks: vec(o.sinks).filter(|_| dsinks != 0),
             dsinks: vec(dsinks),
         };
@@ -237,13 +249,26 @@ mod tests {
 
     #[test]
     fn options_map_to_the_rust_api() {
-        let o = Fa3Options { softmax_scale: f32::NAN, causal: 1, window_left: 128, window_right: -1, softcap: 0.0, deterministic: 0, sinks: 0 };
+        let o = Fa3Options {
+            softmax_scale: f32::NAN,
+            causal: 1,
+            window_left: 128,
+            window_right: -1,
+            softcap: 0.0,
+            deterministic: 0,
+            sinks: 0,
+            alibi_slopes: 0,
+            alibi_per_batch: 0,
+        };
         let a = options(&o);
         assert!(a.causal && a.softmax_scale.is_none() && a.softcap.is_none());
         assert_eq!(a.window, Some(Window { left: Some(128), right: None }));
         let none = options(&Fa3Options { window_left: -1, ..o });
         assert_eq!(none.window, None, "unbounded on both sides: no window");
         assert_eq!(options(&Fa3Options { softcap: 30.0, softmax_scale: 0.1, ..o }).softcap, Some(30.0));
+        assert_eq!(alibi(&o, [2, 64, 8, 64]), None);
+        let per_batch = Fa3Options { alibi_slopes: 0x7f00_0000_0000, alibi_per_batch: 1, ..o };
+        assert_eq!(alibi(&per_batch, [2, 64, 8, 64]).map(|a| (a.len, a.per_batch)), Some((16, true)));
     }
 
     #[test]
@@ -261,7 +286,18 @@ mod tests {
     #[test]
     fn errors_reach_the_caller_as_codes_and_messages() {
         // No driver on CI machines: the device handle fails, as a CUDA error with a message.
-        let (q, o) = (tensor([1, 64, 2, 64]), Fa3Options { softmax_scale: f32::NAN, causal: 0, window_left: -1, window_right: -1, softcap: 0.0, deterministic: 0, sinks: 0 });
+        let o = Fa3Options {
+            softmax_scale: f32::NAN,
+            causal: 0,
+            window_left: -1,
+            window_right: -1,
+            softcap: 0.0,
+            deterministic: 0,
+            sinks: 0,
+            alibi_slopes: 0,
+            alibi_per_batch: 0,
+        };
+        let q = tensor([1, 64, 2, 64]);
         // SAFETY: valid host structs; nothing is launched without a device.
         let rc = unsafe { fa3_forward(0, 0, &q, &q, &q, &q, 0x7f00_0000_0000, 128, &o) };
         if rc != 0 {
