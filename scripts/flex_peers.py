@@ -2,7 +2,8 @@
 """Times PyTorch FlexAttention (`torch.nn.attention.flex_attention` under torch.compile)
 on the variants our kernels have, bf16, forward and backward, causal with a block mask:
 plain causal, soft-capping at 30, ALiBi with the standard slopes 2^(-8 (h + 1) / heads),
-and a causal sliding window of --window keys (row i sees keys i - W ..= i).
+a causal sliding window of --window keys (row i sees keys i - W ..= i), and that window
+with soft-capping at 30.
 Same timing method as `fa3 bench` and peers.py (steady state: --warmup-ms of sustained
 load, then the median of at least --iters calls spanning --timing-ms). TFLOP/s on visible
 pairs: 4 d per pair forward, 2.5x that backward (`fa3 bench`'s causal count, to 1/seqlen).
@@ -43,6 +44,7 @@ window_pairs = sum(min(i, w) + 1 for i in range(s))
 # name: (score_mod, block mask, visible pairs)
 variants = {name: (mod, block_mask, pairs) for name, mod in mods.items()}
 variants[f"causal_window{w}"] = (None, window_mask, window_pairs)
+variants[f"causal_window{w}_softcap30"] = (mods["causal_softcap30"], window_mask, window_pairs)
 rows = ["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops"]
 
 
