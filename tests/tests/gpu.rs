@@ -110,7 +110,7 @@ impl Case {
                 None => "",
             },
             match self.window {
-                Some((l, r)) => format!("_window{}-{}", side(l), side(r)),
+                Some((l, r)) => format!("_window{}-{}", support::window_side(l), support::window_side(r)),
                 None => String::new(),
             },
             if self.sinks { "_sinks" } else { "" },
@@ -124,11 +124,6 @@ impl Case {
         )
         .to_lowercase()
     }
-}
-
-/// A window side in a case's name (`inf`: unbounded).
-fn side(w: Option<usize>) -> String {
-    w.map_or("inf".into(), |w| w.to_string())
 }
 
 fn cases() -> Vec<Case> {

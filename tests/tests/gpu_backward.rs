@@ -69,17 +69,12 @@ impl Case {
                 None => "",
             },
             match self.window {
-                Some((l, r)) => format!("_window{}-{}", side(l), side(r)),
+                Some((l, r)) => format!("_window{}-{}", support::window_side(l), support::window_side(r)),
                 None => String::new(),
             },
             if self.sinks { "_sinks" } else { "" },
         )
     }
-}
-
-/// A window side in a case's name (`inf`: unbounded).
-fn side(w: Option<usize>) -> String {
-    w.map_or("inf".into(), |w| w.to_string())
 }
 
 /// The case's window, as the API and the reference take it.

@@ -77,3 +77,8 @@ pub fn alibi_slopes(batch: usize, heads: usize, per_batch: bool) -> Vec<f32> {
 pub fn sink_logits(heads: usize) -> Vec<f32> {
     (0..heads).map(|h| (h % 4) as f32 * 1.5 - 1.0).collect()
 }
+
+/// A window side in a case's name (`inf`: unbounded).
+pub fn window_side(w: Option<usize>) -> String {
+    w.map_or("inf".into(), |w| w.to_string())
+}
