@@ -2,11 +2,7 @@
 # GPU machine: the combined variant causal + 4096 window + soft-capping 30 against
 # FlexAttention's (and Flex's other variants) in one call, bf16, hdim 128, 16k tokens,
 # forward and backward, TFLOP/s on visible pairs. usage: scripts/combo-bench.sh (results in $OUT)
-set -uo pipefail
-B=.device/bin
-OUT=${OUT:-/tmp/fa3-out}
-mkdir -p "$OUT"
-status=0
+source "$(dirname "$0")/device-env.sh"
 timeout 300 python3 scripts/flex_peers.py --hdim 128 --seqlen 16384 --csv "$OUT/flex.csv" > /dev/null 2>&1 || status=1
 grid="--dtype bf16 --hdims 128 --seqlens 16384 --causal on"
 for pass in fwd bwd; do

@@ -3,12 +3,7 @@
 # the current .device/bin/fa3, forward and backward: unused sinks and windows must cost
 # nothing), and the current kernels with and without attention sinks, bf16, forward and
 # backward, hdim 64 and 128 at 4k and 16k. usage: scripts/sinks-bench.sh (results in $OUT)
-set -uo pipefail
-B=.device/bin
-OUT=${OUT:-/tmp/fa3-out}
-TMP=$(mktemp -d)
-mkdir -p "$OUT"
-status=0
+source "$(dirname "$0")/device-env.sh"
 FA3_REQUIRE_GPU=1 timeout 150 $B/gpu_backward > "$OUT/gpu_backward.log" 2>&1 || status=1
 grep -E "^test result|FAILED" "$OUT/gpu_backward.log"
 mkdir -p .device/exp/new && cp $B/fa3 .device/exp/new/fa3

@@ -3,12 +3,7 @@
 # with ALiBi), every backward case, sanitizers on the combined kernels, and its speed
 # against plain and soft-capping alone (bf16, hdim 128 16k, both masks, forward and
 # backward). usage: scripts/softcap-alibi-checks.sh (results in $OUT)
-set -uo pipefail
-B=.device/bin
-OUT=${OUT:-/tmp/fa3-out}
-TMP=$(mktemp -d)
-mkdir -p "$OUT"
-status=0
+source "$(dirname "$0")/device-env.sh"
 FA3_REQUIRE_GPU=1 timeout 200 $B/gpu softcap > "$OUT/gpu_tests.log" 2>&1 || status=1
 FA3_REQUIRE_GPU=1 timeout 150 $B/gpu_backward >> "$OUT/gpu_tests.log" 2>&1 || status=1
 grep -E "^test result|FAILED" "$OUT/gpu_tests.log"

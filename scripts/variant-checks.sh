@@ -3,11 +3,7 @@
 # calls: sliding windows and attention sinks, forward and backward (deterministic too),
 # with soft-capping and ALiBi. usage: scripts/variant-checks.sh  (after
 # scripts/device-prep.sh; results in $OUT)
-set -uo pipefail
-B=.device/bin
-OUT=${OUT:-/tmp/fa3-out}
-mkdir -p "$OUT"
-status=0
+source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu_tests.log"
 FA3_REQUIRE_GPU=1 timeout 330 $B/gpu ${TESTS_FILTER:-} >> "$OUT/gpu_tests.log" 2>&1 || status=1
 FA3_REQUIRE_GPU=1 timeout 150 $B/gpu_backward ${TESTS_FILTER:-} >> "$OUT/gpu_tests.log" 2>&1 || status=1

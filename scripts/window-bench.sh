@@ -4,12 +4,7 @@
 # FlexAttention's same variants (hdim 128, 16k), then an A/B of the plain kernels
 # (.device/exp/base vs .device/exp/new, forward and backward) to show the window costs
 # them nothing. usage: scripts/window-bench.sh (results in $OUT)
-set -uo pipefail
-B=.device/bin
-OUT=${OUT:-/tmp/fa3-out}
-TMP=$(mktemp -d)
-mkdir -p "$OUT"
-status=0
+source "$(dirname "$0")/device-env.sh"
 grid="--dtype bf16 --hdims 64,128 --seqlens 4096,16384 --causal on"
 for pass in fwd bwd; do
   timeout 120 $B/fa3 bench $grid --pass $pass --csv "$TMP/plain_$pass.csv" > /dev/null || status=1

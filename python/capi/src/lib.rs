@@ -242,6 +242,21 @@ pub unsafe extern "C" fn fa3_last_error(buf: *mut c_char, len: usize) -> usize {
 mod tests {
     use super::*;
 
+    /// No option set: the default scale, no mask, no variant.
+    fn plain() -> Fa3Options {
+        Fa3Options {
+            softmax_scale: f32::NAN,
+            causal: 0,
+            window_left: -1,
+            window_right: -1,
+            softcap: 0.0,
+            deterministic: 0,
+            sinks: 0,
+            alibi_slopes: 0,
+            alibi_per_batch: 0,
+        }
+    }
+
     fn tensor(shape: [i64; 4]) -> Fa3Tensor {
         let strides = [shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1];
         Fa3Tensor { ptr: 0x7f00_0000_0000, shape, strides, dtype: 1, numel_in_buffer: shape.iter().product() }
@@ -249,17 +264,7 @@ mod tests {
 
     #[test]
     fn options_map_to_the_rust_api() {
-        let o = Fa3Options {
-            softmax_scale: f32::NAN,
-            causal: 1,
-            window_left: 128,
-            window_right: -1,
-            softcap: 0.0,
-            deterministic: 0,
-            sinks: 0,
-            alibi_slopes: 0,
-            alibi_per_batch: 0,
-        };
+        let o = Fa3Options { causal: 1, window_left: 128, ..plain() };
         let a = options(&o);
         assert!(a.causal && a.softmax_scale.is_none() && a.softcap.is_none());
         assert_eq!(a.window, Some(Window { left: Some(128), right: None }));
@@ -286,18 +291,7 @@ mod tests {
     #[test]
     fn errors_reach_the_caller_as_codes_and_messages() {
         // No driver on CI machines: the device handle fails, as a CUDA error with a message.
-        let o = Fa3Options {
-            softmax_scale: f32::NAN,
-            causal: 0,
-            window_left: -1,
-            window_right: -1,
-            softcap: 0.0,
-            deterministic: 0,
-            sinks: 0,
-            alibi_slopes: 0,
-            alibi_per_batch: 0,
-        };
-        let q = tensor([1, 64, 2, 64]);
+        let (o, q) = (plain(), tensor([1, 64, 2, 64]));
         // SAFETY: valid host structs; nothing is launched without a device.
         let rc = unsafe { fa3_forward(0, 0, &q, &q, &q, &q, 0x7f00_0000_0000, 128, &o) };
         if rc != 0 {
