@@ -53,9 +53,9 @@ impl Window {
         self.left.is_some() || self.right.is_some()
     }
 
-    /// The kernels' form of the window of a call (checked: both lengths at most
-    /// `common::window::MAX_SEQLEN`).
-    pub(crate) fn key_window(&self, causal: bool, seqlen_q: usize, seqlen_k: usize) -> KeyWindow {
+    /// The kernels' form of the window of a call (the planner checks first that both
+    /// lengths are at most `common::window::MAX_SEQLEN`).
+    pub fn key_window(&self, causal: bool, seqlen_q: usize, seqlen_k: usize) -> KeyWindow {
         // Wider than any distance: the same as unbounded.
         let side = |w: Option<usize>| w.map(|w| w.min(seqlen_q.max(seqlen_k)) as u32);
         KeyWindow::new(side(self.left), side(self.right), causal, seqlen_q as u32, seqlen_k as u32)

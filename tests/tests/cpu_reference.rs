@@ -338,3 +338,29 @@ fn windows_see_the_band_around_the_diagonal() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The kernels' window (`KeyWindow`, i32 bounds with unbounded sides stored as
+    /// `max(seqlen_q, seqlen_k)` and causal folded into the right side, built by the
+    /// planner's `Window::key_window`) gives every row the same keys as the references'
+    /// `visible_keys`, with sides from 0 past both lengths.
+    #[test]
+    fn kernel_window_bounds_equal_the_reference_rows(
+        sq in 1usize..300, sk in 1usize..300, causal in any::<bool>(),
+        left in proptest::option::of(0usize..700), right in proptest::option::of(0usize..700),
+    ) {
+        let window = Window { left, right };
+        let w = window.key_window(causal, sq, sk);
+        for i in 0..sq {
+            let want = flash_attn3::plan::visible_keys(i, sq, sk, causal, Some(window));
+            let (first, end) = (w.first_key(i as i32, sq as u32, sk as u32).max(0), w.end_key(i as i32, sq as u32, sk as u32));
+            let got = if end > first { first as usize..end as usize } else { want.start..want.start };
+            prop_assert_eq!(got.len(), want.len(), "row {}", i);
+            if !want.is_empty() {
+                prop_assert_eq!(got, want, "row {}", i);
+            }
+        }
+    }
+}
