@@ -51,7 +51,7 @@ impl Case {
 
     fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}{}",
+            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}",
             self.dtype.name(),
             self.d,
             self.b,
@@ -62,17 +62,7 @@ impl Case {
             if self.causal { "causal" } else { "full" },
             if self.strided { "_strided" } else { "" },
             if self.deterministic { "_deterministic" } else { "" },
-            if self.softcap.is_some() { "_softcap" } else { "" },
-            match self.alibi {
-                Some(true) => "_alibi_per_batch",
-                Some(false) => "_alibi",
-                None => "",
-            },
-            match self.window {
-                Some((l, r)) => format!("_window{}-{}", support::window_side(l), support::window_side(r)),
-                None => String::new(),
-            },
-            if self.sinks { "_sinks" } else { "" },
+            support::variant_suffix(self.softcap.is_some(), self.alibi, self.window, self.sinks),
         )
     }
 }
@@ -107,31 +97,20 @@ fn cases() -> Vec<Case> {
     }
     let base = Case::base(DType::F16, 128, true);
     v.push(Case { b: 1, sq: 4097, sk: 4097, hq: 2, hk: 2, ..base });
-    // ALiBi (standard slopes; per (batch, head) when causal): the same shapes.
+    // ALiBi (standard slopes; per (batch, head) when causal) and soft-capping at 1.5 (the
+    // logits saturate), each on the same shapes: both dtypes, head dims and masks, GQA and
+    // rows without keys, strided, and the deterministic kernels.
     for dtype in DType::ALL {
         for d in [64, 128] {
             for causal in [false, true] {
-                let base = Case { alibi: Some(causal), ..Case::base(dtype, d, causal) };
-                v.push(Case { sq: 17, sk: 17, ..base.clone() });
-                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
-                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, strided: true, ..base.clone() });
-                if dtype == DType::F16 {
-                    v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base });
-                }
-            }
-        }
-    }
-    // Soft-capping at 1.5 (the logits saturate): both dtypes, head dims and masks, GQA
-    // and rows without keys, strided, and the deterministic kernels.
-    for dtype in DType::ALL {
-        for d in [64, 128] {
-            for causal in [false, true] {
-                let base = Case { softcap: Some(1.5), ..Case::base(dtype, d, causal) };
-                v.push(Case { sq: 17, sk: 17, ..base.clone() });
-                v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
-                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, strided: true, ..base.clone() });
-                if dtype == DType::F16 {
-                    v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base });
+                for (softcap, alibi) in [(None, Some(causal)), (Some(1.5), None)] {
+                    let base = Case { softcap, alibi, ..Case::base(dtype, d, causal) };
+                    v.push(Case { sq: 17, sk: 17, ..base.clone() });
+                    v.push(Case { sq: 1000, sk: 300, hq: 4, hk: 1, ..base.clone() });
+                    v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, strided: true, ..base.clone() });
+                    if dtype == DType::F16 {
+                        v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base });
+                    }
                 }
             }
         }

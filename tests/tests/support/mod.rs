@@ -78,7 +78,15 @@ pub fn sink_logits(heads: usize) -> Vec<f32> {
     (0..heads).map(|h| (h % 4) as f32 * 1.5 - 1.0).collect()
 }
 
-/// A window side in a case's name (`inf`: unbounded).
-pub fn window_side(w: Option<usize>) -> String {
-    w.map_or("inf".into(), |w| w.to_string())
+/// The variants of a GPU case, as its name's suffix: `_softcap`, `_alibi` (per head) or
+/// `_alibi_per_batch`, `_windowL-R` (`inf`: unbounded side), `_sinks`.
+pub fn variant_suffix(softcap: bool, alibi: Option<bool>, window: Option<(Option<usize>, Option<usize>)>, sinks: bool) -> String {
+    let side = |w: Option<usize>| w.map_or("inf".into(), |w| w.to_string());
+    let alibi = match alibi {
+        Some(true) => "_alibi_per_batch",
+        Some(false) => "_alibi",
+        None => "",
+    };
+    let window = window.map_or(String::new(), |(l, r)| format!("_window{}-{}", side(l), side(r)));
+    format!("{}{alibi}{window}{}", if softcap { "_softcap" } else { "" }, if sinks { "_sinks" } else { "" })
 }
