@@ -237,8 +237,8 @@ pub fn flash_attn_backward(
         Some(_) => Some(unsafe { stream.alloc::<f32>(q.layout.shape[2]) }?),
         None => None,
     };
-    let grads = (&mut dq.as_mut(), &mut dk.as_mut(), &mut dv.as_mut());
-    flash_attn_backward_into(gpu, stream, q, k, v, out, lse, dout, grads.0, grads.1, grads.2, dsinks.as_mut(), None, opts)?;
+    let (mut dq_view, mut dk_view, mut dv_view) = (dq.as_mut(), dk.as_mut(), dv.as_mut());
+    flash_attn_backward_into(gpu, stream, q, k, v, out, lse, dout, &mut dq_view, &mut dk_view, &mut dv_view, dsinks.as_mut(), None, opts)?;
     Ok(Grads { dq, dk, dv, dsinks })
 }
 

@@ -4,7 +4,7 @@
 mod cli;
 
 use clap::Parser;
-use cli::{BenchArgs, Cli, Command, Floats, InfoArgs, PassArg, PlotArgs, RunArgs, Shape};
+use cli::{BenchArgs, Cli, Command, InfoArgs, PassArg, PlotArgs, RunArgs, Shape, VariantArgs};
 use flash_attn3::bench::{TimingPlan, fwd_flops, fwd_flops_visible, time_calls, time_forward};
 use flash_attn3::check::{check, check_backward, check_sink_grads};
 use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
@@ -14,11 +14,13 @@ use flash_attn3::reference::{
 };
 use flash_attn3::{
     AttnError, AttnOptions, DType, DeviceTensor, Gpu, backward_workspace_bytes, flash_attn_backward, flash_attn_backward_into, flash_attn_func,
-    flash_attn_func_into, Window,
+    flash_attn_func_into,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
+use cudarc::driver::{CudaSlice, CudaStream};
 use std::io::Write;
+use std::sync::Arc;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -163,10 +165,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         dtype,
         causal,
         scale,
-        softcap,
-        alibi,
-        window,
-        sinks,
+        variants,
         output,
         check: do_check,
         backward,
@@ -183,7 +182,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         Ok(g) => g,
         Err(e @ (AttnError::NoDriver | AttnError::NoDevice { .. } | AttnError::UnsupportedGpu { .. })) => {
             println!("no usable GPU ({e}); computing a small case on the CPU reference instead (NOT a GPU result)");
-            return cpu_demo(causal, softcap, alibi, window, sinks, seed, backward);
+            return cpu_demo(causal, &variants, seed, backward);
         }
         Err(e) => return Err(e.into()),
     };
@@ -212,26 +211,10 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
-    let mut opts = AttnOptions { algo, window, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(deterministic) };
+    let data = VariantData::upload(&variants, &stream, inputs.q.shape[2])?;
+    let mut opts = data.options(&variants, AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(deterministic) });
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
-    }
-    if let Some(c) = softcap {
-        opts = opts.softcap(c);
-    }
-    // Uploaded only for --alibi (they stay on the host for --check).
-    let slopes = standard_alibi_slopes(inputs.q.shape[2]);
-    let dev_slopes = if alibi { Some(stream.clone_htod(&slopes).map_err(AttnError::from)?) } else { None };
-    if let Some(dev) = &dev_slopes {
-        opts = opts.alibi(dev, false);
-    }
-    let sink_logits = sinks.map(|s| s.per_head(inputs.q.shape[2])).transpose().map_err(CliError::Usage)?;
-    let dev_sinks = match &sink_logits {
-        Some(s) => Some(stream.clone_htod(s).map_err(AttnError::from)?),
-        None => None,
-    };
-    if let Some(dev) = &dev_sinks {
-        opts = opts.sinks(dev);
     }
     let t0 = Instant::now();
     let res = flash_attn_func(&gpu, &stream, &q.as_ref(), &k.as_ref(), &v.as_ref(), &opts)?;
@@ -275,17 +258,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     }
     if do_check {
         eprintln!("checking against the CPU references (f64 exact and naive low precision)...");
-        let p = Problem {
-            q: &inputs.q,
-            k: &inputs.k,
-            v: &inputs.v,
-            causal,
-            scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
-            softcap,
-            alibi: alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false }),
-            window,
-            sinks: sink_logits.as_deref(),
-        };
+        let p = data.problem(&variants, [&inputs.q, &inputs.k, &inputs.v], causal, scale.unwrap_or(1.0 / (d as f32).sqrt()));
         let fwd = AttnResult { o, lse };
         let report = check(&p, inputs.dtype, &fwd);
         println!("check: {report}");
@@ -307,34 +280,90 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// The variants' data of a call with `heads` query heads: ALiBi's standard slopes and the
+/// sink logits on the host (for the references) and, once uploaded, on the device.
+struct VariantData {
+    slopes: Vec<f32>,
+    sink_logits: Option<Vec<f32>>,
+    dev_slopes: Option<CudaSlice<f32>>,
+    dev_sinks: Option<CudaSlice<f32>>,
+}
+
+impl VariantData {
+    fn host(v: &VariantArgs, heads: usize) -> CliResult<Self> {
+        let sink_logits = v.sinks.as_ref().map(|s| s.per_head(heads)).transpose().map_err(CliError::Usage)?;
+        Ok(VariantData { slopes: standard_alibi_slopes(heads), sink_logits, dev_slopes: None, dev_sinks: None })
+    }
+
+    /// The host data, and on `stream` the slopes (with `--alibi`) and the sinks.
+    fn upload(v: &VariantArgs, stream: &Arc<CudaStream>, heads: usize) -> CliResult<Self> {
+        let mut d = Self::host(v, heads)?;
+        if v.alibi {
+            d.dev_slopes = Some(stream.clone_htod(&d.slopes).map_err(AttnError::from)?);
+        }
+        if let Some(s) = &d.sink_logits {
+            d.dev_sinks = Some(stream.clone_htod(s).map_err(AttnError::from)?);
+        }
+        Ok(d)
+    }
+
+    /// `opts` with the variants (the device data from [`VariantData::upload`]).
+    fn options<'a>(&'a self, v: &VariantArgs, opts: AttnOptions<'a>) -> AttnOptions<'a> {
+        let mut opts = AttnOptions { softcap: v.softcap, window: v.window, ..opts };
+        if let Some(s) = &self.dev_slopes {
+            opts = opts.alibi(s, false);
+        }
+        if let Some(s) = &self.dev_sinks {
+            opts = opts.sinks(s);
+        }
+        opts
+    }
+
+    /// The references' problem of inputs `qkv` with the variants.
+    fn problem<'a>(&'a self, v: &VariantArgs, [q, k, val]: [&'a HostTensor; 3], causal: bool, scale: f32) -> Problem<'a> {
+        Problem {
+            q,
+            k,
+            v: val,
+            causal,
+            scale,
+            softcap: v.softcap,
+            alibi: v.alibi.then_some(HostAlibi { slopes: &self.slopes, per_batch: false }),
+            window: v.window,
+            sinks: self.sink_logits.as_deref(),
+        }
+    }
+}
+
 /// A window side in a series name (`inf`: unbounded).
 fn side(w: Option<usize>) -> String {
     w.map_or("inf".into(), |w| w.to_string())
 }
 
 /// The no-GPU path: the tiled FlashAttention algorithm on the CPU against the f64 reference.
-fn cpu_demo(causal: bool, softcap: Option<f32>, alibi: bool, window: Option<Window>, sinks: Option<Floats>, seed: u64, backward: bool) -> CliResult<()> {
+fn cpu_demo(causal: bool, variants: &VariantArgs, seed: u64, backward: bool) -> CliResult<()> {
     let (b, s, h, d) = (1, 300, 2, 64);
     let mut r = rng(seed);
     let dtype = DType::BF16;
     let q = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let k = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
     let v = HostTensor::randn([b, s, h, d], dtype, 1.0, &mut r);
-    if let Some(c) = softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+    if let Some(c) = variants.softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
         return Err(AttnError::InvalidSoftcap(c).into());
     }
-    let slopes = standard_alibi_slopes(h);
-    let alibi = alibi.then_some(HostAlibi { slopes: &slopes, per_batch: false });
-    let sink_logits = sinks.map(|s| s.per_head(h)).transpose().map_err(CliError::Usage)?;
-    let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap, alibi, window, sinks: sink_logits.as_deref() };
+    let data = VariantData::host(variants, h)?;
+    let p = data.problem(variants, [&q, &k, &v], causal, 1.0 / (d as f32).sqrt());
     let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
     let err = max_abs_err(&tiled.o, &exact.o);
     let lse_err = max_abs_err(&tiled.lse, &exact.lse);
     println!(
         "CPU reference (no GPU): tiled online-softmax algorithm, {b}x{s}x{h}x{d} bf16 inputs, causal={causal}, \
-         softcap={softcap:?}, alibi={}, window={window:?}, sinks={sink_logits:?}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
-        p.alibi.is_some()
+         softcap={:?}, alibi={}, window={:?}, sinks={:?}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
+        p.softcap,
+        p.alibi.is_some(),
+        p.window,
+        p.sinks
     );
     if err > 1e-5 || lse_err > 1e-4 {
         return Err(CliError::CheckFailed);
@@ -440,17 +469,17 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
     }
     let (suffix, flops_factor) = a.pass.series_suffix_and_flops();
     // Variants are series of their own: "rust-fa3-softcap-bwd".
-    let suffix = match (a.softcap.is_some(), a.alibi) {
+    let suffix = match (a.variants.softcap.is_some(), a.variants.alibi) {
         (true, true) => format!("-softcap-alibi{suffix}"),
         (true, false) => format!("-softcap{suffix}"),
         (false, true) => format!("-alibi{suffix}"),
         _ => suffix.to_string(),
     };
-    let suffix = match a.window {
+    let suffix = match a.variants.window {
         Some(w) => format!("-window{}-{}{suffix}", side(w.left), side(w.right)),
         None => suffix,
     };
-    let suffix = if a.sinks.is_some() { format!("-sinks{suffix}") } else { suffix };
+    let suffix = if a.variants.sinks.is_some() { format!("-sinks{suffix}") } else { suffix };
     // On stderr, and only where it is a terminal: logs and stdout stay clean.
     let total = hdims.len() * seqlens.len() * causal_modes.len();
     let progress = ProgressBar::new(total as u64).with_style(progress_style());
@@ -468,24 +497,11 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     if causal { "causal" } else { "non-causal" }
                 ));
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
-                let slopes = if a.alibi { Some(stream.clone_htod(&standard_alibi_slopes(heads)).map_err(AttnError::from)?) } else { None };
-                let mut opts = AttnOptions {
-                    algo,
-                    softcap: a.softcap,
-                    window: a.window,
-                    ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic)
-                };
-                if let Some(dev) = &slopes {
-                    opts = opts.alibi(dev, false);
-                }
-                let sink_logits = a.sinks.as_ref().map(|s| s.per_head(heads)).transpose().map_err(CliError::Usage)?;
-                let dev_sinks = match &sink_logits {
-                    Some(s) => Some(stream.clone_htod(s).map_err(AttnError::from)?),
-                    None => None,
-                };
-                if let Some(dev) = &dev_sinks {
-                    opts = opts.sinks(dev);
-                }
+                let data = VariantData::upload(&a.variants, &stream, heads)?;
+                let opts = data.options(
+                    &a.variants,
+                    AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic) },
+                );
                 // Idle time before each config: with `--warmup-ms 0`, a short burst at the
                 // clock of a cool card, as the anchors and the FA3 paper time (docs/perf.md).
                 std::thread::sleep(std::time::Duration::from_millis(a.cooldown_ms));
@@ -510,7 +526,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     let mut o = out.view_mut(shape);
                     time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, a.warmup, a.warmup_ms, iters, a.timing_ms)?
                 };
-                let flops = match a.window {
+                let flops = match a.variants.window {
                     Some(w) => fwd_flops_visible(batch, heads, seqlen, seqlen, hdim, causal, Some(w)),
                     None => fwd_flops(batch, heads, seqlen, seqlen, hdim, causal),
                 };

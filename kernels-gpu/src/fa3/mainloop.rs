@@ -5,7 +5,8 @@
 //! A tile's key blocks are visited from the last down (step i visits block
 //! `n_block_min + n - 1 - i`), so the blocks a causal mask cuts come first: they run the
 //! masked step, the rest the unmasked one, which has no mask code ([`super::mask`]); a
-//! sliding window's first blocks, visited last, run the masked step again.
+//! sliding window's first blocks, visited last, need the mask again (its kernels run one
+//! loop whose step branches around the mask).
 //!
 //! With the intra-warpgroup overlap (FA3's), step i issues QK^T of block i and PV of
 //! block i-1 back to back, then runs the softmax of block i while that PV is still on
@@ -433,18 +434,15 @@ pub fn run<K: KernelTraits>(
         ml.regs.p = ml.regs.s.to_probs::<K::Element>();
         let mut alpha = None;
         if K::SEPARATE_MASKED_LOOP {
+            // Never a local mask (its masked steps at both ends run the single loop below,
+            // `KernelTraits::SEPARATE_MASKED_LOOP`): masked steps are the leading ones.
+            const { assert!(!K::Mask::LOCAL || !K::SEPARATE_MASKED_LOOP) };
             let split = unmasked_from.max(first + 1).min(n);
-            let split_local = if K::Mask::LOCAL { masked_from.max(split).min(n) } else { n };
             for i in first + 1..split {
                 alpha = ml.overlapped_step::<true>(i, alpha, true);
             }
-            for i in split..split_local {
+            for i in split..n {
                 alpha = ml.overlapped_step::<false>(i, alpha, false);
-            }
-            if K::Mask::LOCAL {
-                for i in split_local..n {
-                    alpha = ml.overlapped_step::<true>(i, alpha, true);
-                }
             }
         } else {
             for i in first + 1..n {

@@ -5,7 +5,8 @@
 //! masking (those that cross the sequence end or a row's limit) come first: it runs them
 //! in a masked loop and the rest in a loop with no mask code at all, split where
 //! [`Mask::whole_blocks`] says. A sliding window ([`LocalMask`]) also cuts the first
-//! blocks of the range, which come last, in a second masked loop. A score modification runs on every block, before the
+//! blocks of the range, which come last: its kernels run one loop whose step branches
+//! around the mask. A score modification runs on every block, before the
 //! mask and the softmax; [`NoScoreMod`] compiles to nothing.
 //!
 //! Coordinates: a lane's scores are its two rows (`row_g` and `row_g + 8`) and, in n-tile
@@ -19,7 +20,7 @@ use common::fa3::whole_key_blocks;
 /// Block ranges are half-open `(first, end)` in key blocks of `block_n` keys.
 pub trait Mask: Copy {
     /// Key ranges start past key 0, so that a tile's masked blocks may sit at both ends
-    /// of its range (the mainloop then has a second masked loop, after the unmasked one).
+    /// of its range (the mainloop then checks each step, `KernelTraits::SEPARATE_MASKED_LOOP`).
     const LOCAL: bool;
 
     /// The mask of the rows `row_g` and `row_g + 8`.

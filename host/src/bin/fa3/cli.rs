@@ -61,19 +61,8 @@ pub struct RunArgs {
     /// Softmax scale [default: 1/sqrt(hdim)]
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub scale: Option<f32>,
-    /// Soft-capping: logits c * tanh(scale * QK^T / c)
-    #[arg(long, value_name = "C", allow_negative_numbers = true)]
-    pub softcap: Option<f32>,
-    /// ALiBi with the standard slopes 2^(-8 (h + 1) / heads)
-    #[arg(long)]
-    pub alibi: bool,
-    /// Sliding window L,R: row i sees keys i + (sk - sq) - L ..= i + (sk - sq) + R; "inf"
-    /// or -1 leaves a side unbounded (FlashAttention's window_size)
-    #[arg(long, value_name = "L,R", value_parser = parse_window, allow_hyphen_values = true)]
-    pub window: Option<Window>,
-    /// Attention sinks: one logit for every query head, or one per head (L0,L1,...)
-    #[arg(long, value_name = "L,...", value_parser = parse_floats, allow_hyphen_values = true)]
-    pub sinks: Option<Floats>,
+    #[command(flatten)]
+    pub variants: VariantArgs,
     /// Write o and lse to a safetensors file
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -149,19 +138,8 @@ pub struct BenchArgs {
     /// Backward: the deterministic mode (dQ summed in a fixed order per query block)
     #[arg(long)]
     pub deterministic: bool,
-    /// Soft-capping at C (the soft-capping kernels)
-    #[arg(long, value_name = "C")]
-    pub softcap: Option<f32>,
-    /// ALiBi with the standard slopes (the ALiBi kernels)
-    #[arg(long)]
-    pub alibi: bool,
-    /// Sliding window L,R (the local kernels; TFLOP/s then count the visible pairs): row i sees keys i + (sk - sq) - L ..= i + (sk - sq) + R; "inf"
-    /// or -1 leaves a side unbounded (FlashAttention's window_size)
-    #[arg(long, value_name = "L,R", value_parser = parse_window, allow_hyphen_values = true)]
-    pub window: Option<Window>,
-    /// Attention sinks: one logit for every query head, or one per head (L0,L1,...)
-    #[arg(long, value_name = "L,...", value_parser = parse_floats, allow_hyphen_values = true)]
-    pub sinks: Option<Floats>,
+    #[command(flatten)]
+    pub variants: VariantArgs,
     /// Write the results as CSV (impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops)
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
@@ -374,6 +352,25 @@ pub fn parse_list(s: &str) -> Result<List, String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(List(v))
+}
+
+/// The attention variants of a call (`run` and `bench`; `bench` counts a window's
+/// TFLOP/s on its visible pairs).
+#[derive(Debug, Clone, Args)]
+pub struct VariantArgs {
+    /// Soft-capping: logits c * tanh(scale * QK^T / c)
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
+    pub softcap: Option<f32>,
+    /// ALiBi with the standard slopes 2^(-8 (h + 1) / heads)
+    #[arg(long)]
+    pub alibi: bool,
+    /// Sliding window L,R: row i sees keys i + (sk - sq) - L ..= i + (sk - sq) + R; "inf"
+    /// or -1 leaves a side unbounded (FlashAttention's window_size)
+    #[arg(long, value_name = "L,R", value_parser = parse_window, allow_hyphen_values = true)]
+    pub window: Option<Window>,
+    /// Attention sinks: one logit for every query head, or one per head (L0,L1,...)
+    #[arg(long, value_name = "L,...", value_parser = parse_floats, allow_hyphen_values = true)]
+    pub sinks: Option<Floats>,
 }
 
 /// Comma-separated finite floats.
