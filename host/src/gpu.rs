@@ -106,9 +106,17 @@ impl Drop for TileCounter {
 pub const MAX_TILE_COUNTERS: usize = 8;
 
 /// Whether `libcuda` can be loaded at all (false on machines without a driver).
+#[cfg(feature = "dynamic-loading")]
 pub fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the library.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether `libcuda` can be loaded at all: always, when CUDA is linked at build time
+/// (the process could not have started without it).
+#[cfg(not(feature = "dynamic-loading"))]
+pub fn driver_present() -> bool {
+    true
 }
 
 impl Gpu {
@@ -119,6 +127,14 @@ impl Gpu {
         }
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| AttnError::NoDevice { ordinal, detail: e.to_string() })?;
+        Self::with_context(ctx)
+    }
+
+    /// Loads the kernels into a context someone else made (candle's device, for one), so
+    /// that the attention calls take that context's streams; checks it is a Hopper (sm_90)
+    /// part.
+    pub fn with_context(ctx: Arc<CudaContext>) -> Result<Self> {
+        let ordinal = ctx.ordinal();
         let (major, minor) = ctx.compute_capability()?;
         let name = ctx.name()?;
         // The PTX targets sm_90a, which only sm_90 parts run.
