@@ -30,7 +30,6 @@ pub mod bwd;
 pub mod fa3;
 pub mod gmma;
 pub mod window;
-pub mod exp2;
 
 /// Which forward kernel family to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,11 +69,6 @@ pub enum ScoreModKind {
     /// `c · tanh(scale · S / c) − slope · |i + seqlen_k − seqlen_q − j|`.
     SoftcapAlibi,
 }
-
-/// Longest sequence an ALiBi call takes: the forward converts distances to f32 through
-/// the mantissa of 2^23, exact below 2^23 (rows and keys up to a tile past the ends
-/// included).
-pub const MAX_ALIBI_SEQLEN: u32 = 1 << 22;
 
 /// Which keys a kernel's mask hides, besides those past `seqlen_k`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -242,13 +242,8 @@ impl<'a> AttnOptions<'a> {
     }
 
     /// The score modification these options compile in, after checking its values
-    /// (`alibi`: whether the call passes slopes; the sequence lengths are the call's,
-    /// which ALiBi limits to [`common::MAX_ALIBI_SEQLEN`]).
-    pub(crate) fn score_mod(&self, alibi: bool, seqlen_q: usize, seqlen_k: usize) -> Result<ScoreModKind> {
-        let max = common::MAX_ALIBI_SEQLEN as usize;
-        if alibi && (seqlen_q > max || seqlen_k > max) {
-            return Err(AttnError::TooLarge(format!("sequence length over {max} with ALiBi")));
-        }
+    /// (`alibi`: whether the call passes slopes).
+    pub(crate) fn score_mod(&self, alibi: bool) -> Result<ScoreModKind> {
         match (self.softcap, alibi) {
             (Some(c), _) if !(c.is_finite() && c > 0.0) => Err(AttnError::InvalidSoftcap(c)),
             (Some(_), true) => Ok(ScoreModKind::SoftcapAlibi),
@@ -523,7 +518,7 @@ pub fn plan_forward(
     // The schedule depends only on whether the kernel is warp-specialized and has every
     // technique (multicast), which every default is (whatever the cluster).
     let algo = opts.algo.unwrap_or(Algo::Fa3(Techniques::FULL));
-    let score_mod = opts.score_mod(alibi.is_some(), seqlen_q, seqlen_k)?;
+    let score_mod = opts.score_mod(alibi.is_some())?;
     if score_mod != ScoreModKind::None && algo != Algo::Fa3(Techniques::FULL) {
         return Err(AttnError::Unsupported(format!("{score_mod:?} has kernels only for FlashAttention-3 with every technique (not {algo:?})")));
     }

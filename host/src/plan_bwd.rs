@@ -178,7 +178,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     // Outputs must not overlap anything else the call reads or writes: the kernels would
     // read what they are overwriting.
     check_disjoint(&all)?;
-    let score_mod = opts.score_mod(t.alibi.is_some(), seqlen_q, seqlen_k)?;
+    let score_mod = opts.score_mod(t.alibi.is_some())?;
     let mask = opts.mask_kind(seqlen_q, seqlen_k)?;
     let find = |stage| bwd::find(stage, hdim as u32, dtype, score_mod, mask).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
     let main_stage = if opts.deterministic { BwdStage::MainDeterministic } else { BwdStage::Main };

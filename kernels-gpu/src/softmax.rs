@@ -50,12 +50,6 @@ fn scaled_max(max: f32, scale_log2: f32) -> f32 {
     if max == f32::NEG_INFINITY { 0.0 } else { max * scale_log2 }
 }
 
-/// `2^x` on the FMA pipe (`common::exp2::exp2_poly` with the PTX `fma` and `max`).
-#[inline(always)]
-pub fn exp2_fma(x: f32) -> f32 {
-    common::exp2::exp2_poly(x, fma, fmax)
-}
-
 impl OnlineSoftmax {
     #[inline(always)]
     pub fn new() -> Self {
@@ -67,12 +61,8 @@ impl OnlineSoftmax {
     /// must be multiplied by (`exp2((old_max - new_max) * scale_log2)`, 1 on the first
     /// block). `None`: the maxima were kept (see the module's lazy rescaling), and the
     /// accumulator stays as it is.
-    ///
-    /// The first `exp2_on_fma` fragments' exponentials run on the FMA pipe
-    /// ([`exp2_fma`]), the others on the SFU, which a score modification's own SFU op
-    /// (soft-capping's `tanh`) would otherwise make the bottleneck.
     #[inline(always)]
-    pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32, exp2_on_fma: usize) -> Option<[f32; 2]> {
+    pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32) -> Option<[f32; 2]> {
         let mut m = self.row_max;
         for (r, m) in m.iter_mut().enumerate() {
             for f in s.iter() {
@@ -99,10 +89,9 @@ impl OnlineSoftmax {
         for r in 0..2 {
             let m_scaled = scaled_max(self.row_max[r], scale_log2);
             let mut sum = 0.0f32;
-            for (j, f) in s.iter_mut().enumerate() {
+            for f in s.iter_mut() {
                 for e in 0..2 {
-                    let x = fma(f[2 * r + e], scale_log2, -m_scaled);
-                    let p = if j < exp2_on_fma { exp2_fma(x) } else { exp2(x) };
+                    let p = exp2(fma(f[2 * r + e], scale_log2, -m_scaled));
                     f[2 * r + e] = p;
                     sum += p;
                 }

@@ -597,13 +597,6 @@ fn alibi_picks_the_alibi_kernel_and_checks_its_slopes() {
     c.alibi = slopes(8, false);
     c.opts = c.opts.softmax_scale(0.0);
     assert!(matches!(c.err(), AttnError::Unsupported(_)), "ALiBi needs a positive scale");
-    // Distances reach the kernels' exact f32 conversion only below 2^23.
-    let long = (common::MAX_ALIBI_SEQLEN + 1) as usize;
-    for (sq, sk) in [(long, 64), (64, long)] {
-        let mut c = Call::shaped([1, sq, 1, 64], [1, sk, 1, 64], DType::F16);
-        c.alibi = Some(AlibiDesc { addr: BASE + (20 << 36), len: 1, per_batch: false });
-        assert!(matches!(c.err(), AttnError::TooLarge(m) if m.contains("ALiBi")), "{sq} x {sk}");
-    }
 }
 
 #[test]

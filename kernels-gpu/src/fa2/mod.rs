@@ -84,7 +84,7 @@ pub unsafe fn fwd<E: Element, const D: u32, const DT: usize, const DK: usize>(p:
         if needs_mask {
             apply_mask(&mut s, row_g, n0 as i32 + 2 * t, p.seqlen_k as i32, causal_offset);
         }
-        let alpha = softmax.update(&mut s, p.scale_log2, 0);
+        let alpha = softmax.update(&mut s, p.scale_log2);
         OnlineSoftmax::rescale(&mut o, alpha);
 
         // V_j landed; every warp is done with K_j.

@@ -224,7 +224,7 @@ impl<K: KernelTraits> Steps<'_, K> {
         if MASKED && needs_mask {
             self.mask.apply_with(self.p, s, col_2t);
         }
-        s.softmax_update(sm, self.p.scale_log2, K::EXP2_ON_FMA)
+        s.softmax_update(sm, self.p.scale_log2)
     }
 }
 

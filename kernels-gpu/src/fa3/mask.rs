@@ -45,10 +45,6 @@ pub trait Mask: Copy {
 
 /// What is applied to the raw scores `S = Q K^T` (before the softmax scale) of a block.
 pub trait ScoreMod: Copy {
-    /// SFU (special-function unit) operations it takes per score: the kernel then moves
-    /// some of the softmax's exponentials to the FMA pipe (`KernelTraits::EXP2_ON_FMA`).
-    const SFU_OPS: u32 = 0;
-
     /// The modification of query head `head` of batch `batch`.
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self;
 
@@ -163,8 +159,6 @@ pub struct Softcap {
 }
 
 impl ScoreMod for Softcap {
-    const SFU_OPS: u32 = 1;
-
     #[inline(always)]
     fn new(p: &FwdParams, _: u32, _: u32) -> Self {
         Softcap { scale: p.softcap_scale }
@@ -191,8 +185,6 @@ pub struct SoftcapAlibi {
 }
 
 impl ScoreMod for SoftcapAlibi {
-    const SFU_OPS: u32 = 1;
-
     #[inline(always)]
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
         SoftcapAlibi { softcap: Softcap::new(p, batch, head), alibi: Alibi::new(p, batch, head) }
@@ -224,10 +216,6 @@ impl ScoreMod for Alibi {
         Alibi { slope: slope * p.alibi_inv_scale, offset: p.seqlen_k as i32 - p.seqlen_q as i32 }
     }
 
-    /// The distance converted to f32 with an integer OR and a float subtract (its bits
-    /// under the exponent of 2^23) rather than a conversion instruction, which runs on the
-    /// SFU's pipe that the exponentials keep busy (10-15% of the forward). Exact for
-    /// distances below 2^23, which the host guarantees (`MAX_ALIBI_SEQLEN`).
     #[inline(always)]
     fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) {
         for j in 0..S::FRAGS {
@@ -235,17 +223,10 @@ impl ScoreMod for Alibi {
             for r in 0..2 {
                 let diag = row_g + 8 * r as i32 + self.offset - col_2t - 8 * j as i32;
                 for c in 0..2 {
-                    let dist = small_u32_to_f32((diag - c as i32).unsigned_abs());
+                    let dist = (diag - c as i32).unsigned_abs() as f32;
                     f[2 * r + c] = crate::ptx::math::fma(-self.slope, dist, f[2 * r + c]);
                 }
             }
         }
     }
-}
-
-/// `x as f32` for `x < 2^23` on the integer and FMA pipes: `x` in the mantissa of 2^23,
-/// less 2^23.
-#[inline(always)]
-fn small_u32_to_f32(x: u32) -> f32 {
-    f32::from_bits(0x4B00_0000 | x) - 8_388_608.0
 }

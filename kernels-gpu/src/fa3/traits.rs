@@ -56,14 +56,6 @@ pub trait KernelTraits: Copy + 'static {
     /// with a sliding window, whose masked steps sit at both ends: its three loops made
     /// hdim 256 and 64 and soft-capping spill.
     const SEPARATE_MASKED_LOOP: bool = !(Self::HDIM == 256 && Self::BLOCK_N == 80) && !<Self::Mask as Mask>::LOCAL;
-    /// Score fragments (of a warpgroup's `BLOCK_N / 8`) whose softmax exponentials run on
-    /// the FMA pipe: half of them when the score modification takes an SFU op per score
-    /// (`tanh`) at hdim 128 or 64. There an SM's SFU (16 ops per clock) needs as long for
-    /// two ops per score as its tensor cores for the score's 4·hdim FLOPs at hdim 128, and
-    /// twice as long at hdim 64; at hdim 256 the tensor cores take twice as long, and the
-    /// polynomial's registers spilled.
-    const EXP2_ON_FMA: usize =
-        if <Self::ScoreMod as ScoreMod>::SFU_OPS > 0 && Self::HDIM <= 128 { (Self::BLOCK_N / 16) as usize } else { 0 };
     /// Registers per thread after `setmaxnreg`.
     const PRODUCER_REGS: u32 = Self::CONFIG.register_split().0;
     const CONSUMER_REGS: u32 = Self::CONFIG.register_split().1;
@@ -105,7 +97,7 @@ pub trait FragTile: Copy {
     /// lane (see [`mask_columns_outside`]).
     fn mask_columns_outside(&mut self, col_2t: i32, first: [i32; 2], end: [i32; 2]);
     /// Folds the tile into the running statistics (see [`OnlineSoftmax::update`]).
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, exp2_on_fma: usize) -> Option<[f32; 2]>;
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32) -> Option<[f32; 2]>;
 }
 
 impl<const N: usize> FragTile for [Frag; N] {
@@ -135,8 +127,8 @@ impl<const N: usize> FragTile for [Frag; N] {
         mask_columns_outside(self, col_2t, first, end)
     }
     #[inline(always)]
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, exp2_on_fma: usize) -> Option<[f32; 2]> {
-        softmax.update(self, scale_log2, exp2_on_fma)
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32) -> Option<[f32; 2]> {
+        softmax.update(self, scale_log2)
     }
 }
 
