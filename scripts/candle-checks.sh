@@ -8,7 +8,7 @@ out=${OUT:-/tmp}
 for t in .device/candle/*; do
   case $(basename "$t") in
     transformer_block) ;;
-    *) "$t" --test-threads 1 2>&1 | tee -a "$out/candle_tests.txt" ;;
+    *) FA3_REQUIRE_GPU=1 "$t" --test-threads 1 2>&1 | tee -a "$out/candle_tests.txt" ;;
   esac
 done
 .device/candle/transformer_block 2>&1 | tee "$out/candle_example.txt"

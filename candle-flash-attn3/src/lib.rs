@@ -516,3 +516,35 @@ pub fn flash_attn_alibi_windowed(
     };
     flash_attn_with(q, k, v, &opts)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn right_bound_zero_runs_the_causal_kernels() {
+        let o = FlashAttnOptions::new(0.125).causal(true).attn_options();
+        assert!(o.causal && o.window.is_none());
+        let o = FlashAttnOptions { window_size_left: Some(16), ..FlashAttnOptions::new(0.125).causal(true) }.attn_options();
+        assert!(o.causal);
+        assert_eq!(o.window, Some(Window { left: Some(16), right: None }));
+    }
+
+    #[test]
+    fn windows_and_plain_calls_map_to_the_library_options() {
+        let o = FlashAttnOptions { window_size_left: Some(4), window_size_right: Some(3), ..FlashAttnOptions::new(0.5) }.attn_options();
+        assert!(!o.causal);
+        assert_eq!(o.window, Some(Window { left: Some(4), right: Some(3) }));
+        let o = FlashAttnOptions { softcap: Some(30.0), deterministic: true, ..FlashAttnOptions::new(0.5) }.attn_options();
+        assert!(!o.causal && o.window.is_none() && o.deterministic);
+        assert_eq!((o.softmax_scale, o.softcap), (Some(0.5), Some(30.0)));
+    }
+
+    #[test]
+    fn cpu_tensors_are_an_error_not_a_crash() -> Result<()> {
+        let t = Tensor::zeros((1, 8, 2, 64), DType::BF16, &candle::Device::Cpu)?;
+        let err = flash_attn(&t, &t, &t, 0.125, true, false).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("CUDA"), "{err}");
+        Ok(())
+    }
+}

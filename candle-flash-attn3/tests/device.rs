@@ -5,16 +5,7 @@
 use candle::{D, DType, Device, Tensor, Var};
 use candle_flash_attn3::{FlashAttnOptions, flash_attn, flash_attn_alibi, flash_attn_alibi_windowed, flash_attn_windowed, flash_attn_with};
 use flash_attn3::check::{O_SLACK, grad_slack};
-
-fn device() -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            eprintln!("skipped: no CUDA device ({e})");
-            None
-        }
-    }
-}
+use libtest_mimic::{Arguments, Trial};
 
 /// One attention problem: shapes and the variant, described once for the op and the math.
 #[derive(Clone, Copy, Debug)]
@@ -191,49 +182,41 @@ fn shapes() -> Vec<Case> {
     v
 }
 
-#[test]
-fn flash_attn_matches_candle_math() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn flash_attn_matches_candle_math(dev: &Device) -> candle::Result<()> {
     for c in shapes() {
         for c in [c, c.causal()] {
             let causal = c.right == Some(0);
-            check_forward(&dev, &c, |x| flash_attn(&x.q, &x.k, &x.v, c.scale(), causal, false))?;
+            check_forward(dev, &c, |x| flash_attn(&x.q, &x.k, &x.v, c.scale(), causal, false))?;
         }
     }
     Ok(())
 }
 
-#[test]
-fn windowed_and_alibi_match_candle_math() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn windowed_and_alibi_match_candle_math(dev: &Device) -> candle::Result<()> {
     for c in shapes().into_iter().filter(|c| c.d != 256 || c.dtype == DType::BF16) {
         let w = c.window(40, 7);
-        check_forward(&dev, &w, |x| flash_attn_windowed(&x.q, &x.k, &x.v, c.scale(), w.left, w.right, false))?;
+        check_forward(dev, &w, |x| flash_attn_windowed(&x.q, &x.k, &x.v, c.scale(), w.left, w.right, false))?;
         let a = Case { alibi: true, ..c.causal() };
-        check_forward(&dev, &a, |x| flash_attn_alibi(&x.q, &x.k, &x.v, &x.slopes, c.scale(), true, false))?;
+        check_forward(dev, &a, |x| flash_attn_alibi(&x.q, &x.k, &x.v, &x.slopes, c.scale(), true, false))?;
         let aw = Case { alibi: true, ..c.window(16, 0) };
-        check_forward(&dev, &aw, |x| flash_attn_alibi_windowed(&x.q, &x.k, &x.v, &x.slopes, c.scale(), aw.left, aw.right, false))?;
+        check_forward(dev, &aw, |x| flash_attn_alibi_windowed(&x.q, &x.k, &x.v, &x.slopes, c.scale(), aw.left, aw.right, false))?;
     }
     Ok(())
 }
 
-#[test]
-fn softcap_and_sinks_match_candle_math() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn softcap_and_sinks_match_candle_math(dev: &Device) -> candle::Result<()> {
     for c in shapes().into_iter().filter(|c| c.d == 128) {
         for c in [Case { softcap: Some(5.0), ..c.causal() }, Case { sink: true, ..c }, Case { sink: true, softcap: Some(3.0), ..c.window(9, 3) }] {
-            check_forward(&dev, &c, |x| flash_attn_with(&x.q, &x.k, &x.v, &options(&c, x)))?;
+            check_forward(dev, &c, |x| flash_attn_with(&x.q, &x.k, &x.v, &options(&c, x)))?;
         }
     }
     Ok(())
 }
 
-#[test]
-fn gradients_match_candle_autograd() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn gradients_match_candle_autograd(dev: &Device) -> candle::Result<()> {
     for c in shapes().into_iter().filter(|c| c.d != 256) {
         for c in [c, c.causal()] {
-            check_backward(&dev, &c)?;
+            check_backward(dev, &c)?;
         }
     }
     Ok(())
@@ -241,11 +224,9 @@ fn gradients_match_candle_autograd() -> candle::Result<()> {
 
 /// The library has no head-size-256 backward yet: `backward` says so instead of
 /// returning wrong or missing gradients.
-#[test]
-fn unsupported_backward_is_an_error() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn unsupported_backward_is_an_error(dev: &Device) -> candle::Result<()> {
     let c = Case::new(1, 64, 64, 2, 2, 256, DType::BF16);
-    let x = inputs(&c, &dev)?;
+    let x = inputs(&c, dev)?;
     let q = Var::from_tensor(&x.q)?;
     let o = flash_attn(q.as_tensor(), &x.k, &x.v, c.scale(), false, false)?;
     let err = o.to_dtype(DType::F32)?.sum_all()?.backward().err().map(|e| e.to_string()).unwrap_or_default();
@@ -253,9 +234,7 @@ fn unsupported_backward_is_an_error() -> candle::Result<()> {
     Ok(())
 }
 
-#[test]
-fn variant_gradients_match_candle_autograd() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn variant_gradients_match_candle_autograd(dev: &Device) -> candle::Result<()> {
     for c in shapes().into_iter().filter(|c| c.d == 64 || c.d == 128) {
         let variants = [
             c.window(40, 7),
@@ -264,18 +243,16 @@ fn variant_gradients_match_candle_autograd() -> candle::Result<()> {
             Case { sink: true, ..c.causal() },
         ];
         for c in variants {
-            check_backward(&dev, &c)?;
+            check_backward(dev, &c)?;
         }
     }
     Ok(())
 }
 
-#[test]
-fn strided_views_are_taken_as_they_are() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn strided_views_are_taken_as_they_are(dev: &Device) -> candle::Result<()> {
     let c = Case::new(2, 190, 190, 4, 2, 128, DType::BF16).causal();
     // (b, h, s, d) storage seen as (b, s, h, d): a view with a unit last stride.
-    let x = inputs(&c, &dev)?;
+    let x = inputs(&c, dev)?;
     let bhsd = |t: &Tensor| t.transpose(1, 2)?.contiguous()?.transpose(1, 2);
     let (q, k, v) = (bhsd(&x.q)?, bhsd(&x.k)?, bhsd(&x.v)?);
     assert!(!q.is_contiguous());
@@ -285,11 +262,9 @@ fn strided_views_are_taken_as_they_are() -> candle::Result<()> {
     Ok(())
 }
 
-#[test]
-fn deterministic_backward_is_bit_identical() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn deterministic_backward_is_bit_identical(dev: &Device) -> candle::Result<()> {
     let c = Case::new(2, 777, 1031, 8, 2, 128, DType::BF16).causal();
-    let x = inputs(&c, &dev)?;
+    let x = inputs(&c, dev)?;
     let opts = FlashAttnOptions { deterministic: true, ..options(&c, &x) };
     let run = || -> candle::Result<Vec<Vec<f32>>> {
         let (q, k, v) = (Var::from_tensor(&x.q)?, Var::from_tensor(&x.k)?, Var::from_tensor(&x.v)?);
@@ -303,26 +278,24 @@ fn deterministic_backward_is_bit_identical() -> candle::Result<()> {
     Ok(())
 }
 
-#[test]
-fn misuse_is_an_error() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn misuse_is_an_error(dev: &Device) -> candle::Result<()> {
     let t = |shape: (usize, usize, usize, usize), dtype: DType, dev: &Device| Tensor::zeros(shape, dtype, dev);
-    let bf = |s| t(s, DType::BF16, &dev);
+    let bf = |s| t(s, DType::BF16, dev);
     let msg = |r: candle::Result<Tensor>| r.err().map(|e| e.to_string()).unwrap_or_default();
     // Wrong dtype, head size, head counts, rank, device; a bad slope shape; tracked sinks.
-    let f32q = t((1, 8, 2, 64), DType::F32, &dev)?;
+    let f32q = t((1, 8, 2, 64), DType::F32, dev)?;
     assert!(msg(flash_attn(&f32q, &f32q, &f32q, 1.0, false, false)).contains("f16 or bf16"));
     let h96 = bf((1, 8, 2, 96))?;
     assert!(!msg(flash_attn(&h96, &h96, &h96, 1.0, false, false)).is_empty());
     let (q, k3) = (bf((1, 8, 4, 64))?, bf((1, 8, 3, 64))?);
     assert!(!msg(flash_attn(&q, &k3, &k3, 1.0, false, false)).is_empty());
-    let r3 = Tensor::zeros((8, 4, 64), DType::BF16, &dev)?;
+    let r3 = Tensor::zeros((8, 4, 64), DType::BF16, dev)?;
     assert!(msg(flash_attn(&r3, &r3, &r3, 1.0, false, false)).contains("rank 4"));
     let cpu = t((1, 8, 4, 64), DType::BF16, &Device::Cpu)?;
     assert!(msg(flash_attn(&cpu, &cpu, &cpu, 1.0, false, false)).contains("CUDA"));
-    let slopes = Tensor::zeros(3, DType::F32, &dev)?;
+    let slopes = Tensor::zeros(3, DType::F32, dev)?;
     assert!(msg(flash_attn_alibi(&q, &q, &q, &slopes, 1.0, true, false)).contains("alibi_slopes"));
-    let sinks = Tensor::zeros(3, DType::F32, &dev)?;
+    let sinks = Tensor::zeros(3, DType::F32, dev)?;
     let opts = FlashAttnOptions { sinks: Some(sinks), ..FlashAttnOptions::new(1.0) };
     assert!(msg(flash_attn_with(&q, &q, &q, &opts)).contains("sinks"));
     Ok(())
@@ -331,13 +304,11 @@ fn misuse_is_an_error() -> candle::Result<()> {
 /// The sinks' gradient, through the zero-valued term that carries it, against candle
 /// autograd of the math: within 2x the naive error plus 1% of the largest gradient (one
 /// sum per head, where the rule's naive error alone is noise).
-#[test]
-fn sink_gradient_matches_candle_autograd() -> candle::Result<()> {
-    let Some(dev) = device() else { return Ok(()) };
+fn sink_gradient_matches_candle_autograd(dev: &Device) -> candle::Result<()> {
     for c in [Case::new(2, 300, 300, 4, 2, 128, DType::BF16).causal(), Case::new(1, 77, 1000, 4, 1, 64, DType::F16)] {
         let c = Case { sink: true, ..c };
-        let x = inputs(&c, &dev)?;
-        let w = Tensor::randn(0f32, 1., x.q.dims(), &dev)?;
+        let x = inputs(&c, dev)?;
+        let w = Tensor::randn(0f32, 1., x.q.dims(), dev)?;
         let dsinks = |run: &dyn Fn(&Tensor) -> candle::Result<Tensor>| -> candle::Result<Tensor> {
             let s = Var::from_tensor(&x.sinks)?;
             let g = (run(s.as_tensor())?.to_dtype(DType::F32)? * &w)?.sum_all()?.backward()?;
@@ -355,4 +326,47 @@ fn sink_gradient_matches_candle_autograd() -> candle::Result<()> {
         assert_rule("dsinks", &c, max_abs(&got, &exact)?, max_abs(&naive, &exact)?, 0.01 * scale);
     }
     Ok(())
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads.get_or_insert(1);
+    let dev = match Device::new_cuda(0) {
+        Ok(d) => {
+            println!("candle-flash-attn3 GPU tests on CUDA device 0");
+            Some(d)
+        }
+        Err(e) => {
+            if std::env::var("FA3_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                eprintln!("FA3_REQUIRE_GPU=1 but no CUDA device: {e}");
+                std::process::exit(1);
+            }
+            println!("candle-flash-attn3 GPU tests SKIPPED (reported as ignored): no CUDA device: {e}");
+            None
+        }
+    };
+    let tests: [(&str, fn(&Device) -> candle::Result<()>); 10] = [
+        ("flash_attn_matches_candle_math", flash_attn_matches_candle_math),
+        ("windowed_and_alibi_match_candle_math", windowed_and_alibi_match_candle_math),
+        ("softcap_and_sinks_match_candle_math", softcap_and_sinks_match_candle_math),
+        ("gradients_match_candle_autograd", gradients_match_candle_autograd),
+        ("unsupported_backward_is_an_error", unsupported_backward_is_an_error),
+        ("variant_gradients_match_candle_autograd", variant_gradients_match_candle_autograd),
+        ("strided_views_are_taken_as_they_are", strided_views_are_taken_as_they_are),
+        ("deterministic_backward_is_bit_identical", deterministic_backward_is_bit_identical),
+        ("misuse_is_an_error", misuse_is_an_error),
+        ("sink_gradient_matches_candle_autograd", sink_gradient_matches_candle_autograd),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| {
+            let (dev, ignored) = (dev.clone(), dev.is_none());
+            Trial::test(name, move || match &dev {
+                Some(d) => f(d).map_err(|e| e.to_string().into()),
+                None => Ok(()),
+            })
+            .with_ignored_flag(ignored)
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
 }
