@@ -206,22 +206,42 @@ fn with_extras<R>(
     f(slopes_addr.as_ref().map(|(d, _)| *d), sinks_addr.as_ref().map(|(d, _)| *d))
 }
 
+/// One of q, k, v as a custom op gets it.
+type Storage3<'a> = (&'a CudaStorage, &'a Layout);
+
+/// Where an op launches: q's device, its stream, and the kernels loaded in its context.
+struct Launch<'a> {
+    dev: &'a CudaDevice,
+    stream: Arc<CudaStream>,
+    gpu: Arc<Gpu>,
+}
+
+/// An op's launches on (q, k, v), for either element type.
+trait QkvKernels {
+    fn run<T: CudaDType + DeviceRepr>(&self, at: &Launch, q: Storage3, k: Storage3, v: Storage3) -> Result<(CudaStorage, Shape)>;
+}
+
+/// `op.run` on q's device for q's element type.
+fn run_typed(op: &impl QkvKernels, q: Storage3, k: Storage3, v: Storage3) -> Result<(CudaStorage, Shape)> {
+    let dev = q.0.device();
+    let stream = dev.cuda_stream();
+    let at = Launch { dev, gpu: gpu_for(&stream)?, stream };
+    match q.0.dtype() {
+        DType::F16 => op.run::<f16>(&at, q, k, v),
+        DType::BF16 => op.run::<bf16>(&at, q, k, v),
+        d => candle::bail!("flash-attn3: q, k and v must be f16 or bf16, got {d:?}"),
+    }
+}
+
 /// The forward op. The LSE it computes is kept for the backward.
 struct FlashAttn {
     opts: FlashAttnOptions,
     lse: Arc<Mutex<Option<CudaSlice<f32>>>>,
 }
 
-impl FlashAttn {
-    fn fwd<T: CudaDType + DeviceRepr>(
-        &self,
-        q: (&CudaStorage, &Layout),
-        k: (&CudaStorage, &Layout),
-        v: (&CudaStorage, &Layout),
-    ) -> Result<(CudaStorage, Shape)> {
-        let dev: &CudaDevice = q.0.device();
-        let stream = dev.cuda_stream();
-        let gpu = gpu_for(&stream)?;
+impl QkvKernels for FlashAttn {
+    fn run<T: CudaDType + DeviceRepr>(&self, at: &Launch, q: Storage3, k: Storage3, v: Storage3) -> Result<(CudaStorage, Shape)> {
+        let (dev, stream, gpu) = (at.dev, &at.stream, &at.gpu);
         let (qd, _qa) = tensor_desc("q", q.0, q.1, &stream)?;
         let (kd, _ka) = tensor_desc("k", k.0, k.1, &stream)?;
         let (vd, _va) = tensor_desc("v", v.0, v.1, &stream)?;
@@ -259,20 +279,8 @@ impl candle::CustomOp3 for FlashAttn {
         candle::bail!("flash-attn3 runs on CUDA devices only")
     }
 
-    fn cuda_fwd(
-        &self,
-        q: &CudaStorage,
-        q_l: &Layout,
-        k: &CudaStorage,
-        k_l: &Layout,
-        v: &CudaStorage,
-        v_l: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        match q.dtype() {
-            DType::F16 => self.fwd::<f16>((q, q_l), (k, k_l), (v, v_l)),
-            DType::BF16 => self.fwd::<bf16>((q, q_l), (k, k_l), (v, v_l)),
-            d => candle::bail!("flash-attn3: q, k and v must be f16 or bf16, got {d:?}"),
-        }
+    fn cuda_fwd(&self, q: &CudaStorage, q_l: &Layout, k: &CudaStorage, k_l: &Layout, v: &CudaStorage, v_l: &Layout) -> Result<(CudaStorage, Shape)> {
+        run_typed(self, (q, q_l), (k, k_l), (v, v_l))
     }
 
     fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, dout: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -297,16 +305,9 @@ struct FlashAttnBwd {
     lse: Arc<Mutex<Option<CudaSlice<f32>>>>,
 }
 
-impl FlashAttnBwd {
-    fn bwd<T: CudaDType + DeviceRepr>(
-        &self,
-        q: (&CudaStorage, &Layout),
-        k: (&CudaStorage, &Layout),
-        v: (&CudaStorage, &Layout),
-    ) -> Result<(CudaStorage, Shape)> {
-        let dev: &CudaDevice = q.0.device();
-        let stream = dev.cuda_stream();
-        let gpu = gpu_for(&stream)?;
+impl QkvKernels for FlashAttnBwd {
+    fn run<T: CudaDType + DeviceRepr>(&self, at: &Launch, q: Storage3, k: Storage3, v: Storage3) -> Result<(CudaStorage, Shape)> {
+        let (dev, stream, gpu) = (at.dev, &at.stream, &at.gpu);
         let (o_s, o_l) = self.out.storage_and_layout();
         let (do_s, do_l) = self.dout.storage_and_layout();
         let (qd, _qa) = tensor_desc("q", q.0, q.1, &stream)?;
@@ -371,20 +372,8 @@ impl candle::CustomOp3 for FlashAttnBwd {
         candle::bail!("flash-attn3 runs on CUDA devices only")
     }
 
-    fn cuda_fwd(
-        &self,
-        q: &CudaStorage,
-        q_l: &Layout,
-        k: &CudaStorage,
-        k_l: &Layout,
-        v: &CudaStorage,
-        v_l: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        match q.dtype() {
-            DType::F16 => self.bwd::<f16>((q, q_l), (k, k_l), (v, v_l)),
-            DType::BF16 => self.bwd::<bf16>((q, q_l), (k, k_l), (v, v_l)),
-            d => candle::bail!("flash-attn3: q, k and v must be f16 or bf16, got {d:?}"),
-        }
+    fn cuda_fwd(&self, q: &CudaStorage, q_l: &Layout, k: &CudaStorage, k_l: &Layout, v: &CudaStorage, v_l: &Layout) -> Result<(CudaStorage, Shape)> {
+        run_typed(self, (q, q_l), (k, k_l), (v, v_l))
     }
 }
 
