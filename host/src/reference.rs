@@ -4,6 +4,8 @@
 //! - [`attention_lowp`]: the straightforward low-precision implementation (f32
 //!   accumulation, P rounded to the input dtype before PV, O rounded), whose error
 //!   sizes the budget a kernel is allowed (FlashAttention's rule: at most twice it);
+//! - [`fp8`]: FP8 (e4m3) quantization, incoherent processing, and attention with e4m3
+//!   rounding of Q, K, V and P;
 //! - [`attention_tiled`]: the FlashAttention-2 algorithm itself (tiles, online softmax
 //!   in base 2, unscaled accumulator, one final rescale, causal block skipping), so the
 //!   algorithm is tested without a GPU.
@@ -11,6 +13,7 @@
 //! Causal masks are bottom-right aligned: query `i` sees key `j` iff
 //! `j <= i + seqlen_k - seqlen_q`. A row that sees no key gets O = 0 and LSE = +inf.
 pub mod backward;
+pub mod fp8;
 
 use crate::tensor::round_to;
 use common::DType;
@@ -93,6 +96,13 @@ pub struct HostAlibi<'a> {
     pub slopes: &'a [f32],
     /// `[batch, heads_q]` rather than `[heads_q]`.
     pub per_batch: bool,
+}
+
+impl<'a> Problem<'a> {
+    /// Attention with no variant: optionally causal, scale `scale`.
+    pub fn plain(q: &'a HostTensor, k: &'a HostTensor, v: &'a HostTensor, causal: bool, scale: f32) -> Self {
+        Problem { q, k, v, causal, scale, softcap: None, alibi: None, window: None, sinks: None }
+    }
 }
 
 impl Problem<'_> {

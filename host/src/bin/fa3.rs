@@ -4,7 +4,7 @@
 mod cli;
 
 use clap::Parser;
-use cli::{BenchArgs, Cli, Command, InfoArgs, PassArg, PlotArgs, RunArgs, Shape, VariantArgs};
+use cli::{BenchArgs, Cli, Command, Fp8AccuracyArgs, InfoArgs, PassArg, PlotArgs, RunArgs, Shape, VariantArgs};
 use flash_attn3::bench::{TimingPlan, fwd_flops, fwd_flops_visible, time_calls, time_forward};
 use flash_attn3::check::{check, check_backward, check_sink_grads};
 use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
@@ -33,6 +33,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd_bench(a),
         Command::Plot(a) => cmd_plot(a),
         Command::Info(a) => cmd_info(a),
+        Command::Fp8Accuracy(a) => cmd_fp8_accuracy(a),
         Command::Ptx => {
             print!("{}", flash_attn3::gpu::PTX);
             Ok(())
@@ -381,6 +382,46 @@ fn cpu_demo(causal: bool, variants: &VariantArgs, seed: u64, backward: bool) -> 
         if eq.max(ek).max(ev) > 1e-4 {
             return Err(CliError::CheckFailed);
         }
+    }
+    Ok(())
+}
+
+fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
+    use flash_attn3::reference::fp8::{fp8_accuracy, outlier_tensor, rmse};
+    if !a.hdim.is_power_of_two() || a.heads == 0 || a.block_m == 0 || a.block_n == 0 {
+        return Err(CliError::Usage("--hdim must be a power of two; --heads, --block-m, --block-n positive".into()));
+    }
+    let gpu = Gpu::new(a.device).map_err(|e| eprintln!("fp16 kernel row skipped: {e}")).ok();
+    println!("| seqlen | fp16 naive (CPU) | fp16 kernel (GPU) | FP8 per tensor | FP8 blocks | FP8 blocks + incoherent | per tensor / incoherent |");
+    println!("|---|---|---|---|---|---|---|");
+    for &s in &a.seqlens.0 {
+        let mut r = rng(a.seed);
+        let shape = [1, s, a.heads, a.hdim];
+        let (q, k, v) = (outlier_tensor(shape, 1e-3, 10.0, &mut r), outlier_tensor(shape, 1e-3, 10.0, &mut r), outlier_tensor(shape, 1e-3, 10.0, &mut r));
+        let scale = 1.0 / (a.hdim as f32).sqrt();
+        let exact = attention_f64(&Problem::plain(&q, &k, &v, false, scale)).o;
+        // The fp16 rows see the inputs rounded to fp16, as a caller's fp16 tensors would be.
+        let r16 = |t: &HostTensor| HostTensor::new(t.shape, t.data.iter().map(|&x| flash_attn3::round_to(DType::F16, x)).collect());
+        let (q16, k16, v16) = (r16(&q), r16(&k), r16(&v));
+        let naive = rmse(&flash_attn3::reference::attention_lowp(&Problem::plain(&q16, &k16, &v16, false, scale), DType::F16).o, &exact);
+        let kernel = match &gpu {
+            Some(g) => {
+                let stream = g.new_stream()?;
+                let dev = |t: &HostTensor| DeviceTensor::from_f32(&stream, DType::F16, t.shape, &t.data);
+                let (dq, dk, dv) = (dev(&q16)?, dev(&k16)?, dev(&v16)?);
+                let out = flash_attn_func(g, &stream, &dq.as_ref(), &dk.as_ref(), &dv.as_ref(), &AttnOptions::default())?;
+                format!("{:.2e}", rmse(&out.out.to_f32(&stream)?, &exact))
+            }
+            None => "-".into(),
+        };
+        let acc = fp8_accuracy(&q, &k, &v, &exact, a.block_m, a.block_n, &mut r);
+        println!(
+            "| {s} | {naive:.2e} | {kernel} | {:.2e} | {:.2e} | {:.2e} | {:.2} |",
+            acc.per_tensor,
+            acc.blocks,
+            acc.blocks_incoherent,
+            acc.per_tensor / acc.blocks_incoherent
+        );
     }
     Ok(())
 }

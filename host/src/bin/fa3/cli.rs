@@ -31,6 +31,13 @@ pub enum Command {
     Bench(BenchArgs),
     /// Draws TFLOP/s against sequence length from `fa3 bench --csv` files (no GPU needed)
     Plot(PlotArgs),
+    /// FP8 accuracy: the FlashAttention-3 paper's experiment on the CPU (and our fp16 kernel on the GPU when there is one)
+    ///
+    /// Q, K, V ~ N(0, 1) with 0.1% of the entries from N(0, 10²), non-causal; RMSE of O
+    /// against f64 for FP8 with one scale per tensor, with block scales, and with block
+    /// scales after incoherent processing (Hadamard with random signs on Q and K), each
+    /// with e4m3 rounding of Q, K, V and P.
+    Fp8Accuracy(Fp8AccuracyArgs),
     /// GPU, driver and kernels
     Info(InfoArgs),
     /// Prints the embedded PTX module (for ptxas / cuobjdump)
@@ -173,6 +180,31 @@ pub struct PlotArgs {
     /// The image to write: .svg or .png
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct Fp8AccuracyArgs {
+    /// Sequence lengths (queries and keys), comma-separated
+    #[arg(long, value_name = "N,...", value_parser = parse_list, default_value = "4096")]
+    pub seqlens: List,
+    /// Head dim (a power of two)
+    #[arg(long, value_name = "D", default_value_t = 128)]
+    pub hdim: usize,
+    /// Heads (batch 1)
+    #[arg(long, value_name = "H", default_value_t = 1)]
+    pub heads: usize,
+    /// Query rows per block scale of Q
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub block_m: usize,
+    /// Keys per block scale of K and V
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub block_n: usize,
+    /// Seed of the inputs and of the Hadamard signs
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// GPU ordinal for the fp16 kernel's row (skipped without a usable GPU)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub device: usize,
 }
 
 #[derive(Debug, Args)]

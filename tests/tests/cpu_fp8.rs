@@ -1,0 +1,110 @@
+//! The FP8 references on the CPU: e4m3 rounding, quantization by groups, incoherent
+//! processing, and the paper's accuracy experiment on a small case.
+use flash_attn3::reference::fp8::{E4M3_MAX, Granularity, Hadamard, attention_fp8_lowp, fp8_accuracy, outlier_tensor, quantize, rmse, round_e4m3};
+use flash_attn3::reference::{HostTensor, Problem, attention_f64, rng};
+use flash_attn3::DType;
+use rand::Rng;
+
+#[test]
+fn e4m3_rounding_is_the_formats() {
+    // Saturation at the largest finite value, not infinity or NaN.
+    for (x, want) in [(448.0, 448.0), (1000.0, 448.0), (-1e9, -448.0), (464.0, 448.0)] {
+        assert_eq!(round_e4m3(x), want, "{x}");
+    }
+    // Three mantissa bits, ties to even: 1.0625 lies between 1 and 1.125.
+    for (x, want) in [(1.0625, 1.0), (1.1875, 1.25), (1.2, 1.25), (-3.3, -3.25), (0.0, 0.0)] {
+        assert_eq!(round_e4m3(x), want, "{x}");
+    }
+    // Subnormals: steps of 2^-9 below 2^-6, and zero below half a step.
+    let step = 2f32.powi(-9);
+    for (x, want) in [(step, step), (0.6 * step, step), (0.4 * step, 0.0), (5.4 * step, 5.0 * step)] {
+        assert_eq!(round_e4m3(x), want, "{x}");
+    }
+    // Everywhere in the normal range: within half a step (2^(e-3)) of x.
+    let mut r = rng(1);
+    for _ in 0..100_000 {
+        let x: f32 = r.random_range(2f32.powi(-6)..E4M3_MAX) * if r.random() { 1.0 } else { -1.0 };
+        let half_step = 2f32.powi(x.abs().log2().floor() as i32 - 4);
+        assert!((round_e4m3(x) - x).abs() <= half_step, "{x} -> {}", round_e4m3(x));
+    }
+}
+
+#[test]
+fn quantized_groups_keep_their_largest_value_and_e4m3_precision() {
+    let mut r = rng(2);
+    let t = outlier_tensor([2, 300, 3, 64], 0.01, 10.0, &mut r);
+    for (g, groups) in [(Granularity::PerTensor, 1), (Granularity::PerHead, 6), (Granularity::Blocks { rows: 128 }, 18)] {
+        let q = quantize(&t, g);
+        assert_eq!(q.scales.len(), groups, "{g:?}");
+        assert!(q.scales.iter().all(|s| s.is_finite() && *s > 0.0));
+        let amax = t.data.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let qmax = q.values.data.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!((qmax - amax).abs() <= amax * 1e-6, "{g:?}: the largest value survives ({qmax} vs {amax})");
+        let scale_max = q.scales.iter().cloned().fold(0f32, f32::max);
+        for (&x, &y) in t.data.iter().zip(&q.values.data) {
+            // Normal range: relative error up to 2^-4; subnormal: half a step of 2^-9.
+            let budget = (x.abs() / 16.0).max(scale_max * 2f32.powi(-10)) * 1.0001;
+            assert!((x - y).abs() <= budget, "{g:?}: {x} -> {y}");
+        }
+    }
+    // A group of zeros stays zero.
+    let z = quantize(&HostTensor::new([1, 4, 1, 64], vec![0.0; 256]), Granularity::PerHead);
+    assert!(z.values.data.iter().all(|&x| x == 0.0) && z.scales == [1.0]);
+}
+
+#[test]
+fn hadamard_keeps_dot_products_and_spreads_outliers() {
+    let mut r = rng(3);
+    for d in [64, 128, 256] {
+        let h = Hadamard::new(d, &mut r);
+        let a: Vec<f32> = (0..d).map(|_| r.random_range(-1.0..1.0)).collect();
+        let b: Vec<f32> = (0..d).map(|_| r.random_range(-1.0..1.0)).collect();
+        let (mut ah, mut bh) = (a.clone(), b.clone());
+        h.apply_row(&mut ah);
+        h.apply_row(&mut bh);
+        let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+        assert!((dot(&a, &b) - dot(&ah, &bh)).abs() < 1e-4, "d {d}: q·k changed");
+        assert!((dot(&a, &a) - dot(&ah, &ah)).abs() < 1e-4, "d {d}: norm changed");
+        let mut spike = vec![0.0f32; d];
+        spike[d / 3] = 100.0;
+        h.apply_row(&mut spike);
+        let each = 100.0 / (d as f32).sqrt();
+        assert!(spike.iter().all(|x| (x.abs() - each).abs() < 1e-3), "d {d}: the outlier is spread evenly");
+    }
+}
+
+/// The paper's experiment on a small case: block scales beat one scale per tensor, and
+/// incoherent processing beats block scales alone, with outliers in the inputs.
+#[test]
+fn block_scales_and_incoherent_processing_order_the_errors() {
+    let mut r = rng(4);
+    // 4 heads of 1024: at 512 tokens and one head the block scales' gain is within the
+    // seeds' spread.
+    let shape = [1, 1024, 4, 128];
+    let (q, k, v) = (outlier_tensor(shape, 1e-3, 10.0, &mut r), outlier_tensor(shape, 1e-3, 10.0, &mut r), outlier_tensor(shape, 1e-3, 10.0, &mut r));
+    let exact = attention_f64(&Problem::plain(&q, &k, &v, false, 1.0 / 128f32.sqrt())).o;
+    let acc = fp8_accuracy(&q, &k, &v, &exact, 128, 128, &mut r);
+    println!("{acc:?}");
+    assert!(acc.blocks_incoherent < acc.blocks && acc.blocks < acc.per_tensor, "{acc:?}");
+    // The FP8 emulation is attention: bf16-level outputs are far closer than the signal.
+    let rms = (exact.iter().map(|x| x * x).sum::<f64>() / exact.len() as f64).sqrt();
+    assert!(acc.per_tensor < 0.5 * rms, "{acc:?} against an output RMS of {rms}");
+}
+
+/// With e4m3-exact inputs and P the only rounding left, the FP8 reference is within FP8's
+/// precision of exact attention, and its LSE (P's factor removed) is the exact one.
+#[test]
+fn fp8_reference_is_attention_up_to_rounding() {
+    let mut r = rng(5);
+    let shape = [2, 77, 2, 64];
+    let rnd = |r: &mut _| quantize(&HostTensor::randn(shape, DType::F16, 1.0, r), Granularity::PerHead).values;
+    let (q, k, v) = (rnd(&mut r), rnd(&mut r), rnd(&mut r));
+    for causal in [false, true] {
+        let p = Problem::plain(&q, &k, &v, causal, 0.125);
+        let (exact, got) = (attention_f64(&p), attention_fp8_lowp(&p, DType::BF16));
+        assert!(rmse(&got.o, &exact.o) < 0.02, "causal {causal}: {}", rmse(&got.o, &exact.o));
+        for (g, w) in got.lse.iter().zip(&exact.lse) {
+            assert!((*g as f64 - w).abs() < 1e-4, "causal {causal}: LSE {g} vs {w}");
+        }
+    }
+}
