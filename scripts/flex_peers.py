@@ -2,8 +2,10 @@
 """Times PyTorch FlexAttention (`torch.nn.attention.flex_attention` under torch.compile)
 on the variants our kernels have, bf16, forward and backward, causal with a block mask:
 plain causal, soft-capping at 30, ALiBi with the standard slopes 2^(-8 (h + 1) / heads),
-a causal sliding window of --window keys (row i sees keys i - W ..= i), and that window
-with soft-capping at 30.
+a causal sliding window of --window keys (row i sees keys i - W ..= i), that window
+with soft-capping at 30, and attention sinks (one logit per head, 0.5 · (h mod 4) − 1:
+FlexAttention has no sinks, so a key 0 of zero value whose score the score_mod replaces
+by the head's logit and which every row sees stands for it; one extra key).
 Same timing method as `fa3 bench` and peers.py (steady state: --warmup-ms of sustained
 load, then the median of at least --iters calls spanning --timing-ms). TFLOP/s on visible
 pairs: 4 d per pair forward, 2.5x that backward (`fa3 bench`'s causal count, to 1/seqlen).
@@ -17,6 +19,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--hdim", type=int, default=128)
 p.add_argument("--seqlen", type=int, default=16384)
 p.add_argument("--heads", type=int, default=16)
+p.add_argument("--batch", type=int, default=1)
+p.add_argument("--variants", default="", help="comma-separated names to run (default: all)")
 p.add_argument("--warmup-ms", type=int, default=1000)
 p.add_argument("--timing-ms", type=int, default=300)
 p.add_argument("--iters", type=int, default=20)
@@ -28,8 +32,10 @@ a = p.parse_args()
 torch._dynamo.config.cache_size_limit = 64
 if hasattr(torch._dynamo.config, "recompile_limit"):
     torch._dynamo.config.recompile_limit = 64
+# The backward is timed repeatedly on one graph (retain_graph), which donated buffers forbid.
+torch._functorch.config.donated_buffer = False
 flex = torch.compile(flex_attention)
-b, h, s, d = 1, a.heads, a.seqlen, a.hdim
+b, h, s, d = a.batch, a.heads, a.seqlen, a.hdim
 slopes = torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
 mods = {
     "causal": None,
@@ -45,6 +51,14 @@ window_pairs = sum(min(i, w) + 1 for i in range(s))
 variants = {name: (mod, block_mask, pairs) for name, mod in mods.items()}
 variants[f"causal_window{w}"] = (None, window_mask, window_pairs)
 variants[f"causal_window{w}_softcap30"] = (mods["causal_softcap30"], window_mask, window_pairs)
+sinks = torch.tensor([0.5 * (i % 4) - 1.0 for i in range(h)], device="cuda", dtype=torch.float32)
+sink_mod = lambda score, bi, hi, qi, ki: torch.where(ki == 0, sinks[hi], score)
+sink_mask = create_block_mask(lambda bi, hi, qi, ki: (ki == 0) | (qi + 1 >= ki), None, None, s, s + 1, device="cuda")
+# (score_mod, block mask, visible pairs, extra sink key)
+variants = {n: (m, k, v, False) for n, (m, k, v) in variants.items()}
+variants["causal_sinks"] = (sink_mod, sink_mask, pairs, True)
+if a.variants:
+    variants = {n: x for n, x in variants.items() if n in a.variants.split(",")}
 rows = ["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops"]
 
 
@@ -68,8 +82,14 @@ def timed(call):
     return sorted(st.elapsed_time(en) for st, en in ev)[iters // 2]
 
 
-for name, (mod, mask, visible) in variants.items():
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+for name, (mod, mask, visible, sink_key) in variants.items():
+    sk = s + 1 if sink_key else s
+    q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, h, sk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, h, sk, d, device="cuda", dtype=torch.bfloat16)
+    if sink_key:
+        v[:, :, 0] = 0
+    v.requires_grad_(True)
     do = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
     fwd = lambda: flex(q, k, v, score_mod=mod, block_mask=mask)
     o = fwd()
