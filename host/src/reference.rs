@@ -106,6 +106,16 @@ impl<'a> Problem<'a> {
 }
 
 impl Problem<'_> {
+    /// Row `i`'s logits (of batch `b`, query head `h`) for `keys` as the low-precision
+    /// references compute them: f32 dot products times the scale, then the score
+    /// modifications.
+    pub(crate) fn logits_f32(&self, b: usize, h: usize, i: usize, keys: std::ops::Range<usize>) -> Vec<f32> {
+        let (_, _, _, hq, hk, _) = self.dims();
+        let (q, hkv) = (self.q.row(b, i, h), h / (hq / hk));
+        keys.map(|j| self.logit_f32(q.iter().zip(self.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * self.scale, b, h, i, j))
+            .collect()
+    }
+
     fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
         let [b, sq, hq, d] = self.q.shape;
         let [_, sk, hk, _] = self.k.shape;
@@ -260,11 +270,7 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
         if keys.is_empty() {
             return sink.unwrap_or(f32::INFINITY);
         }
-        let q = p.q.row(b, i, h);
-        let s: Vec<f32> = keys
-            .clone()
-            .map(|j| p.logit_f32(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale, b, h, i, j))
-            .collect();
+        let s = p.logits_f32(b, h, i, keys.clone());
         let m = s.iter().cloned().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
         let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
         let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |x| (x - m).exp());

@@ -156,11 +156,7 @@ pub fn attention_fp8_lowp(p: &Problem<'_>, out_dtype: DType) -> AttnResult<f32> 
         if keys.is_empty() {
             return f32::INFINITY;
         }
-        let q = p.q.row(b, i, h);
-        let s: Vec<f32> = keys
-            .clone()
-            .map(|j| p.logit_f32(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * p.scale, b, h, i, j))
-            .collect();
+        let s = p.logits_f32(b, h, i, keys.clone());
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = s.iter().map(|&x| (x - m).exp() * P_FACTOR).collect();
         let sum: f32 = e.iter().sum();
