@@ -166,9 +166,16 @@ pub struct KernelConfig {
     /// CTAs per cluster (1: none; [`MULTICAST_CLUSTER`]: K/V shared by TMA multicast).
     pub cluster: u32,
     pub techniques: Techniques,
+    /// e4m3 Q, K and V (one byte each, V transposed; `crate::fp8`), O 16-bit.
+    pub fp8: bool,
 }
 
 impl KernelConfig {
+    /// Bytes of one Q, K or V element.
+    pub const fn operand_bytes(&self) -> u32 {
+        if self.fp8 { 1 } else { 2 }
+    }
+
     /// Query rows per CTA.
     pub const fn block_m(&self) -> u32 {
         64 * self.consumer_wgs
@@ -204,7 +211,7 @@ impl KernelConfig {
 
     /// Whether Q is the register operand of QK^T ([`q_in_registers`]).
     pub const fn q_in_registers(&self) -> bool {
-        q_in_registers(self.hdim)
+        q_in_registers(self.hdim) && !self.fp8
     }
 
     /// The kernel's shared memory.
@@ -267,12 +274,14 @@ pub const fn key_block_of(hdim: u32, seqlen_k: u32, mask: crate::MaskKind) -> u3
 /// The configuration of an FA3 forward kernel of the table (`None` for FA2 and backward
 /// kernels).
 pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
-    if !matches!(k.kind, crate::KernelKind::Forward) {
-        return None;
-    }
+    let fp8 = match k.kind {
+        crate::KernelKind::Forward => false,
+        crate::KernelKind::ForwardFp8 => true,
+        _ => return None,
+    };
     match k.algo {
         Algo::Fa3(techniques) => {
-            Some(KernelConfig { hdim: k.hdim, consumer_wgs: k.consumer_wgs, block_n: k.block_n, cluster: k.cluster, techniques })
+            Some(KernelConfig { hdim: k.hdim, consumer_wgs: k.consumer_wgs, block_n: k.block_n, cluster: k.cluster, techniques, fp8 })
         }
         Algo::Fa2 => None,
     }
@@ -353,8 +362,10 @@ pub struct SmemLayout {
 
 impl SmemLayout {
     pub const fn new(cfg: &KernelConfig) -> SmemLayout {
-        let q_bytes = cfg.block_m() * cfg.hdim * 2;
-        let kv_stage_bytes = cfg.block_n * cfg.hdim * 2;
+        let q_bytes = cfg.block_m() * cfg.hdim * cfg.operand_bytes();
+        let kv_stage_bytes = cfg.block_n * cfg.hdim * cfg.operand_bytes();
+        // O is 16-bit whatever the operands.
+        let o_bytes = cfg.block_m() * cfg.hdim * 2;
         // Data first; the barriers' offsets are filled in once O's place is known.
         let q = SmemRing { data: 0, stage_bytes: q_bytes, stages: 1, barriers: 0 };
         let k = SmemRing { data: q_bytes, stage_bytes: kv_stage_bytes, stages: KV_STAGES, barriers: 0 };
@@ -362,7 +373,7 @@ impl SmemLayout {
         let kv_end = v.slot(KV_STAGES);
         let handoff_bytes = TILE_HANDOFF_STAGES * (2 * MBARRIER_BYTES + TILE_HANDOFF_SLOT_BYTES);
         let tail = q.barrier_bytes() + k.barrier_bytes() + v.barrier_bytes() + handoff_bytes + SMEM_ALIGN;
-        let (o, barriers) = if kv_end + q_bytes + tail <= MAX_SMEM { (kv_end, kv_end + q_bytes) } else { (0, kv_end) };
+        let (o, barriers) = if kv_end + o_bytes + tail <= MAX_SMEM { (kv_end, kv_end + o_bytes) } else { (0, kv_end) };
         let q = SmemRing { barriers, ..q };
         let k = SmemRing { barriers: q.barriers + q.barrier_bytes(), ..k };
         let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
@@ -373,7 +384,7 @@ impl SmemLayout {
             stages: TILE_HANDOFF_STAGES,
             barriers: handoff_barriers,
         };
-        SmemLayout { q, k, v, o: SmemBuffer { offset: o, bytes: q_bytes }, tile_handoff, total: barriers + tail }
+        SmemLayout { q, k, v, o: SmemBuffer { offset: o, bytes: o_bytes }, tile_handoff, total: barriers + tail }
     }
 
     /// Whether O is staged in Q's buffer.
@@ -482,7 +493,7 @@ macro_rules! fa3_kernel_table {
 macro_rules! fa3_entries {
     ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {
         &[$({
-            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech };
+            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech, fp8: false };
             KernelEntry {
                 name: stringify!($name),
                 algo: Algo::Fa3(Techniques::$tech),

@@ -50,6 +50,13 @@ pub const fn k_major_sw128(addr: u32) -> u64 {
     smem_desc(addr, 16, 1024, Swizzle::B128)
 }
 
+/// Descriptor of a K-major 64 B-swizzled operand tile at `addr`: rows of 64 bytes in
+/// 8-row, 512 B atoms (TMA's `SWIZZLE_64B`); the FP8 forward's transposed V of 64 keys.
+#[inline(always)]
+pub const fn k_major_sw64(addr: u32) -> u64 {
+    smem_desc(addr, 16, 512, Swizzle::B64)
+}
+
 /// Descriptor of an MN-major 128 B-swizzled operand tile of `rows` K-rows (V with
 /// `rows` keys) at `addr`.
 #[inline(always)]
@@ -119,6 +126,12 @@ mod tests {
         assert_eq!((d >> 32) & 0x3FFF, 64);
         assert_eq!(d >> 62, 1);
         assert_eq!((d >> 49) & 7, 0, "base offset stays 0 for 1024-aligned tiles");
+    }
+
+    #[test]
+    fn sw64_descriptor_strides_8_rows_of_64_bytes() {
+        let d = k_major_sw64(0x2000);
+        assert_eq!((d & 0x3FFF, (d >> 32) & 0x3FFF, d >> 62), (0x200, 512 >> 4, 2));
     }
 
     #[test]

@@ -28,6 +28,7 @@ impl DType {
 
 pub mod bwd;
 pub mod fa3;
+pub mod fp8;
 pub mod gmma;
 pub mod window;
 
@@ -47,6 +48,12 @@ pub enum KernelKind {
     Forward,
     /// One launch of the backward pass (parameters: [`bwd::BwdParams`]).
     Backward(bwd::BwdStage),
+    /// The FP8 forward pass (parameters: [`FwdParams`], with its descales); the entry's
+    /// `dtype` is O's.
+    ForwardFp8,
+    /// The FP8 quantization kernel (parameters: [`fp8::QuantizeParams`]); the entry's
+    /// `dtype` is the input's.
+    Fp8Quantize,
 }
 
 /// What a kernel applies to the scores before the softmax (the variants that change the
@@ -146,12 +153,14 @@ macro_rules! fa2_entries {
 
 const FA2_KERNELS: &[KernelEntry] = fa2_kernel_table!(fa2_entries);
 
-/// Every kernel the PTX module exports: the FA2, FA3 and backward tables. The kernel
+const ALL_KERNELS: usize = FA2_KERNELS.len() + fa3::KERNELS.len() + bwd::KERNELS.len() + fp8::KERNELS.len() + fp8::QUANTIZE_KERNELS.len();
+
+/// Every kernel the PTX module exports: the FA2, FA3, backward and FP8 tables. The kernel
 /// crate's entry points are generated from the same tables (the PTX builder checks both
 /// directions).
-pub const KERNELS: [KernelEntry; FA2_KERNELS.len() + fa3::KERNELS.len() + bwd::KERNELS.len()] = {
-    let mut all = [FA2_KERNELS[0]; FA2_KERNELS.len() + fa3::KERNELS.len() + bwd::KERNELS.len()];
-    let tables: [&[KernelEntry]; 3] = [FA2_KERNELS, fa3::KERNELS, bwd::KERNELS];
+pub const KERNELS: [KernelEntry; ALL_KERNELS] = {
+    let mut all = [FA2_KERNELS[0]; ALL_KERNELS];
+    let tables: [&[KernelEntry]; 5] = [FA2_KERNELS, fa3::KERNELS, bwd::KERNELS, fp8::KERNELS, fp8::QUANTIZE_KERNELS];
     let (mut i, mut t) = (0, 0);
     while t < tables.len() {
         let mut j = 0;
@@ -169,8 +178,9 @@ impl KernelEntry {
     /// Bytes of the by-value parameter block the kernel takes after its TMA descriptors.
     pub const fn params_bytes(&self) -> usize {
         match self.kind {
-            KernelKind::Forward => core::mem::size_of::<FwdParams>(),
+            KernelKind::Forward | KernelKind::ForwardFp8 => core::mem::size_of::<FwdParams>(),
             KernelKind::Backward(_) => core::mem::size_of::<bwd::BwdParams>(),
+            KernelKind::Fp8Quantize => core::mem::size_of::<fp8::QuantizeParams>(),
         }
     }
 }
@@ -268,6 +278,8 @@ pub struct FwdParams {
     /// claim, and every CTA that ran a tile makes one failing claim), so that launches on
     /// one stream can share it without a memset between them.
     pub tile_counter_base: u32,
+    /// FP8 kernels: the dequantization factors of Q, K and V.
+    pub fp8: fp8::Fp8Descales,
 }
 
 /// What the kernels add to a claimed counter value to get a tile: the launch's claims are

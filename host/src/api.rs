@@ -160,7 +160,7 @@ fn alibi_desc<'a>(opts: &AttnOptions<'a>, stream: &'a Arc<CudaStream>) -> (Optio
     }
 }
 
-fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
+pub(crate) fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
     let k = plan.kernel;
     let (f, resident) = gpu.function(k).ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", k.name)))?;
     let mut grid = plan.grid;

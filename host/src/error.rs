@@ -31,6 +31,14 @@ pub enum Arg {
     Sinks,
     /// The sinks' gradient output (`dsinks`, backward).
     DSinks,
+    /// The FP8 forward's dequantization factors of q (`scales.q`).
+    QDescale,
+    /// Those of k (`scales.k`).
+    KDescale,
+    /// Those of v (`scales.v`).
+    VDescale,
+    /// The random signs of incoherent processing (`QuantizeOptions::hadamard`).
+    Signs,
 }
 
 impl fmt::Display for Arg {
@@ -44,6 +52,10 @@ impl fmt::Display for Arg {
             Arg::AlibiSlopes => "alibi_slopes",
             Arg::Sinks => "sinks",
             Arg::DSinks => "dsinks",
+            Arg::QDescale => "q_descale",
+            Arg::KDescale => "k_descale",
+            Arg::VDescale => "v_descale",
+            Arg::Signs => "signs",
             Arg::DOut => "dout",
             Arg::Dq => "dq",
             Arg::Dk => "dk",
@@ -176,6 +188,24 @@ pub enum AttnError {
     InvalidSoftcap(f32),
     /// The options ask for something the chosen kernel cannot do.
     Unsupported(String),
+    /// A dequantization factor (or a Hadamard sign) is zero, negative or not finite.
+    InvalidDescale {
+        /// The factors' argument.
+        arg: Arg,
+        /// Index of the first bad value.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// Block scales whose block size is not the FP8 kernel's tile.
+    BlockSize {
+        /// The factors' argument.
+        arg: Arg,
+        /// Rows per block of the factors.
+        got: usize,
+        /// Rows per block of the kernel's tiles at this head dim.
+        expected: usize,
+    },
     /// Host data does not match a declared shape.
     HostData(String),
     /// The stream was made by another CUDA context handle than the `Gpu`'s (make it
@@ -231,6 +261,8 @@ impl fmt::Display for AttnError {
             InvalidScale(s) => write!(f, "softmax_scale must be finite and non-negative, got {s}"),
             InvalidSoftcap(c) => write!(f, "softcap must be finite and positive, got {c}"),
             Unsupported(m) => write!(f, "unsupported option: {m}"),
+            InvalidDescale { arg, index, value } => write!(f, "{arg}[{index}] is {value}; dequantization factors must be finite and positive"),
+            BlockSize { arg, got, expected } => write!(f, "{arg}: blocks of {got} rows, but the FP8 kernel's tiles at this head dim are {expected}"),
             HostData(m) => write!(f, "host data: {m}"),
         }
     }

@@ -20,6 +20,7 @@ pub mod api;
 pub mod bench;
 pub mod check;
 pub mod error;
+pub mod fp8;
 pub mod gpu;
 pub mod plan;
 pub mod plan_bwd;

@@ -301,7 +301,8 @@ pub fn smem_bytes(k: &KernelEntry) -> u32 {
     match k.kind {
         KernelKind::Backward(s) if s.is_main() => return bwd::SmemLayout::new(k.hdim).total,
         KernelKind::Backward(_) => return 0,
-        KernelKind::Forward => {}
+        KernelKind::Fp8Quantize => return 4 * common::fp8::QUANTIZE_THREADS / 32,
+        KernelKind::Forward | KernelKind::ForwardFp8 => {}
     }
     match k.algo {
         Algo::Fa2 => fa2::smem_bytes(k.hdim),
@@ -314,7 +315,8 @@ pub fn block_threads(k: &KernelEntry) -> u32 {
     match k.kind {
         KernelKind::Backward(s) if s.is_main() => return bwd::THREADS,
         KernelKind::Backward(_) => return bwd::AUX_THREADS,
-        KernelKind::Forward => {}
+        KernelKind::Fp8Quantize => return common::fp8::QUANTIZE_THREADS,
+        KernelKind::Forward | KernelKind::ForwardFp8 => {}
     }
     match k.algo {
         Algo::Fa2 => fa2::THREADS,
@@ -603,6 +605,7 @@ pub fn plan_forward(
         tile_counter: 0,
         section_log2: 0,
         tile_counter_base: 0,
+        fp8: Default::default(),
     };
     let m = ScoreModParams::new(score_mod, opts.softcap, alibi, batch, heads_q, scale)?;
     (params.softcap_scale, params.scale_log2) = (m.softcap_scale, m.scale_log2);

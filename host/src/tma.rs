@@ -1,8 +1,9 @@
-//! TMA tensor maps for `[batch, seqlen, heads, hdim]` tensors.
+//! TMA tensor maps for `[batch, seqlen, heads, hdim]` tensors, and for the FP8 forward's
+//! transposed V (`[batch, heads, hdim, keys]`, [`TensorMapSpec::vt`]).
 //!
-//! A tile of `rows x hdim` 16-bit elements is loaded by one TMA instruction into the
-//! layout WGMMA reads with 128-byte swizzle: `hdim/64` chunks of `rows x 128 B`. The map
-//! is 5-D, innermost first: `(64 elements, seqlen, hdim/64 chunks, heads, batch)`, with
+//! A tile of `rows x hdim` elements is loaded by one TMA instruction into the layout
+//! WGMMA reads with 128-byte swizzle: chunks of `rows x 128 B` (64 16-bit or 128 e4m3
+//! elements wide). The map is 5-D, innermost first: `(chunk, seqlen, chunks, heads, batch)`, with
 //! byte strides `(row stride, 128, head stride, batch stride)`: the chunk dimension has
 //! a smaller stride than the row dimension, which TMA allows, and puts chunks outermost
 //! in shared memory. Rows past `seqlen` are zero-filled on loads and dropped on stores,
@@ -12,11 +13,41 @@ use crate::tensor::Layout;
 use common::DType;
 use cudarc::driver::sys;
 
+/// The element type of a map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmaElem {
+    /// fp16.
+    F16,
+    /// bf16.
+    BF16,
+    /// e4m3, moved as bytes.
+    E4M3,
+}
+
+impl TmaElem {
+    /// Bytes per element.
+    pub const fn bytes(self) -> u32 {
+        match self {
+            TmaElem::E4M3 => 1,
+            _ => 2,
+        }
+    }
+}
+
+impl From<DType> for TmaElem {
+    fn from(d: DType) -> Self {
+        match d {
+            DType::F16 => TmaElem::F16,
+            DType::BF16 => TmaElem::BF16,
+        }
+    }
+}
+
 /// Everything `cuTensorMapEncodeTiled` is given (checked on the host before the call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorMapSpec {
-    /// Element type (16-bit either way).
-    pub dtype: DType,
+    /// Element type.
+    pub elem: TmaElem,
     /// Device address of element 0 (TMA needs it 16-byte aligned).
     pub addr: u64,
     /// Extents in elements, innermost first: `(64, seqlen, hdim/64, heads, batch)`.
@@ -25,6 +56,8 @@ pub struct TensorMapSpec {
     pub strides: [u64; 4],
     /// The box one copy moves, in elements of each dim: `(64, rows, chunks, 1, 1)`.
     pub box_dims: [u32; 5],
+    /// Bytes of the swizzle span (128, or 64 for 64-byte rows).
+    pub swizzle: u32,
 }
 
 /// TMA's limit on byte strides.
@@ -32,26 +65,44 @@ const MAX_STRIDE: u64 = 1 << 40;
 
 impl TensorMapSpec {
     /// The map of a `[b, s, h, d]` tensor (last dim contiguous) whose box is `rows` rows
-    /// by `chunks` 64-element chunks of one head.
-    pub fn bshd(arg: Arg, dtype: DType, addr: u64, layout: &Layout, rows: u32, chunks: u32) -> Result<Self> {
+    /// by `chunks` 128-byte chunks of one head.
+    pub fn bshd(arg: Arg, elem: impl Into<TmaElem>, addr: u64, layout: &Layout, rows: u32, chunks: u32) -> Result<Self> {
+        let elem = elem.into();
+        let bytes = elem.bytes() as u64;
+        let chunk = 128 / bytes;
         let [b, s, h, d] = layout.shape.map(|x| x as u64);
-        let [bs, rs, hs, _] = layout.strides.map(|x| x as u64 * 2);
-        debug_assert!(d % 64 == 0 && chunks as u64 <= d / 64);
-        if let Some(big) = [bs, rs, hs].into_iter().find(|&x| x >= MAX_STRIDE) {
-            return Err(AttnError::TooLarge(format!("{arg}: byte stride {big} is beyond TMA's 2^40")));
-        }
+        let [bs, rs, hs, _] = layout.strides.map(|x| x as u64 * bytes);
+        debug_assert!(d % chunk == 0 && chunks as u64 <= d / chunk);
+        check_strides(arg, [bs, rs, hs])?;
         Ok(TensorMapSpec {
-            dtype,
+            elem,
             addr,
-            dims: [64, s, d / 64, h, b],
+            dims: [chunk, s, d / chunk, h, b],
             strides: [rs, 128, hs, bs],
-            box_dims: [64, rows, chunks, 1, 1],
+            box_dims: [chunk as u32, rows, chunks, 1, 1],
+            swizzle: 128,
+        })
+    }
+
+    /// The map of the FP8 forward's transposed V, e4m3 `[b, h, d, keys]` packed with
+    /// `keys` (`common::fp8::vt_len`) per row: `(keys, d, 1, heads, batch)`, a box of
+    /// `block_n` keys by all `d` rows, swizzled over its `block_n`-byte rows.
+    pub fn vt(arg: Arg, addr: u64, batch: usize, heads: usize, hdim: usize, keys: usize, block_n: u32) -> Result<Self> {
+        let (b, h, d, n) = (batch as u64, heads as u64, hdim as u64, keys as u64);
+        check_strides(arg, [n, d * n, h * d * n])?;
+        Ok(TensorMapSpec {
+            elem: TmaElem::E4M3,
+            addr,
+            dims: [n, d, 1, h, b],
+            strides: [n, d * n, d * n, h * d * n],
+            box_dims: [block_n, hdim as u32, 1, 1, 1],
+            swizzle: block_n,
         })
     }
 
     /// Bytes one box moves (what a load's mbarrier must expect).
     pub fn box_bytes(&self) -> u32 {
-        self.box_dims.iter().product::<u32>() * 2
+        self.box_dims.iter().product::<u32>() * self.elem.bytes()
     }
 
     /// Encodes the map (needs the driver).
@@ -61,10 +112,12 @@ impl TensorMapSpec {
             CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
         };
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
-        let dtype = match self.dtype {
-            DType::F16 => Dt::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            DType::BF16 => Dt::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        let dtype = match self.elem {
+            TmaElem::F16 => Dt::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            TmaElem::BF16 => Dt::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            TmaElem::E4M3 => Dt::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         };
+        let swizzle = if self.swizzle == 64 { Sw::CU_TENSOR_MAP_SWIZZLE_64B } else { Sw::CU_TENSOR_MAP_SWIZZLE_128B };
         let elem_strides = [1u32; 5];
         // SAFETY: every pointer is to a live local array of the length the rank implies.
         let rc = unsafe {
@@ -78,7 +131,7 @@ impl TensorMapSpec {
                 self.box_dims.as_ptr(),
                 elem_strides.as_ptr(),
                 Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+                swizzle,
                 L2::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )
@@ -87,6 +140,14 @@ impl TensorMapSpec {
             return Err(AttnError::Driver(cudarc::driver::DriverError(rc)));
         }
         Ok(map.opaque)
+    }
+}
+
+/// TMA takes byte strides below 2^40.
+fn check_strides(arg: Arg, strides: [u64; 3]) -> Result<()> {
+    match strides.into_iter().find(|&x| x >= MAX_STRIDE) {
+        Some(big) => Err(AttnError::TooLarge(format!("{arg}: byte stride {big} is beyond TMA's 2^40"))),
+        None => Ok(()),
     }
 }
 
@@ -103,6 +164,20 @@ mod tests {
         assert_eq!(m.strides, [16 * 128 * 2, 128, 256, 1000 * 16 * 128 * 2]);
         assert_eq!(m.box_dims, [64, 128, 2, 1, 1]);
         assert_eq!(m.box_bytes(), 128 * 128 * 2);
+    }
+
+    #[test]
+    fn e4m3_maps_have_128_element_chunks_and_byte_strides() {
+        let l = Layout::contiguous([2, 1000, 16, 256]);
+        let m = TensorMapSpec::bshd(Arg::Q, TmaElem::E4M3, 0x1000, &l, 128, 2).unwrap();
+        assert_eq!(m.dims, [128, 1000, 2, 16, 2]);
+        assert_eq!(m.strides, [16 * 256, 128, 256, 1000 * 16 * 256]);
+        assert_eq!(m.box_bytes(), 128 * 256);
+        // Transposed V: rows of 1024 keys, a box of 64 keys by 256 rows, 64 B swizzle.
+        let v = TensorMapSpec::vt(Arg::V, 0x2000, 2, 4, 256, 1024, 64).unwrap();
+        assert_eq!(v.dims, [1024, 256, 1, 4, 2]);
+        assert_eq!(v.strides, [1024, 256 * 1024, 256 * 1024, 4 * 256 * 1024]);
+        assert_eq!((v.box_bytes(), v.swizzle), (64 * 256, 64));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! - [`softmax`]: the online softmax on tensor-core accumulator fragments;
 //! - [`fa2`]: the FlashAttention-2 forward on `mma.sync`;
 //! - [`fa3`]: the FlashAttention-3 forward on TMA, mbarriers, WGMMA and `setmaxnreg`;
-//! - [`bwd`]: the FlashAttention-3 backward, on the forward's parts.
+//! - [`bwd`]: the FlashAttention-3 backward, on the forward's parts;
+//! - [`quantize`]: 16-bit to e4m3 with block scales (and incoherent processing) for the
+//!   FP8 forward, which is [`fa3`] with e4m3 operands.
 //!
 //! The exported entry points are generated from the kernel tables in `common`
 //! (`fa2_kernel_table!`, `fa3_kernel_table!`), which also make the host's `common::KERNELS`.
@@ -18,6 +20,7 @@ pub mod element;
 pub mod fa2;
 pub mod fa3;
 pub mod ptx;
+pub mod quantize;
 pub mod softmax;
 
 use common::bwd::BwdParams;
@@ -82,6 +85,7 @@ macro_rules! fa3_entries {
             struct Traits;
             impl fa3::KernelTraits for Traits {
                 type Element = element::$dtype;
+                type OutElement = element::$dtype;
                 type Scores = [softmax::Frag; $keys / 8];
                 type Out = [softmax::Frag; $d / 8];
                 type Mask = mask_type!($mask);
@@ -92,6 +96,7 @@ macro_rules! fa3_entries {
                     block_n: $keys,
                     cluster: $cluster,
                     techniques: common::fa3::Techniques::$tech,
+                    fp8: false,
                 };
             }
             let tma = kernel_param0_address!($name);
@@ -101,6 +106,47 @@ macro_rules! fa3_entries {
 }
 
 common::fa3_kernel_table!(fa3_entries);
+
+/// The FP8 forward entry points, from `common::fp8_kernel_table`: the FA3 kernel with
+/// e4m3 operands and a 16-bit O.
+macro_rules! fp8_entries {
+    ($($name:ident => $dtype:ident, hdim $d:literal, keys $keys:literal;)*) => {$(
+        /// FlashAttention-3 FP8 forward; launched as the FA3 forward, with the descales
+        /// in `p.fp8` and V transposed (`common::fp8`).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(_tma: TmaDescriptors, p: FwdParams) {
+            #[derive(Clone, Copy)]
+            struct Traits;
+            impl fa3::KernelTraits for Traits {
+                type Element = element::E4M3;
+                type OutElement = element::$dtype;
+                type Scores = [softmax::Frag; $keys / 8];
+                type Out = [softmax::Frag; $d / 8];
+                type Mask = fa3::mask::CausalMask;
+                type ScoreMod = fa3::mask::NoScoreMod;
+                const CONFIG: common::fa3::KernelConfig = common::fp8::config($d, $keys);
+            }
+            let tma = kernel_param0_address!($name);
+            unsafe { fa3::fwd::<Traits>(tma, p) }
+        }
+    )*};
+}
+
+common::fp8_kernel_table!(fp8_entries);
+
+/// The quantization entry points, from `common::fp8_quantize_table`.
+macro_rules! quantize_entries {
+    ($($name:ident => $dtype:ident, hdim $d:literal;)*) => {$(
+        /// 16-bit to e4m3 with block scales; grid `(blocks, heads, batch)`,
+        /// `common::fp8::QUANTIZE_THREADS` threads.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: common::fp8::QuantizeParams) {
+            unsafe { quantize::quantize::<element::$dtype, $d, { $d / 32 }>(p) }
+        }
+    )*};
+}
+
+common::fp8_quantize_table!(quantize_entries);
 
 /// The backward entry points, from `common::bwd_kernel_table`.
 macro_rules! bwd_entries {

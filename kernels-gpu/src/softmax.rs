@@ -63,6 +63,14 @@ impl OnlineSoftmax {
     /// accumulator stays as it is.
     #[inline(always)]
     pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32) -> Option<[f32; 2]> {
+        self.update_offset(s, scale_log2, 0.0)
+    }
+
+    /// [`Self::update`] with the probabilities (and so the row sums) times
+    /// `2^offset_log2`: `exp2((s - max) * scale_log2 + offset_log2)`, one FMA as before
+    /// (the FP8 forward's P, moved into e4m3's normal range).
+    #[inline(always)]
+    pub fn update_offset<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32, offset_log2: f32) -> Option<[f32; 2]> {
         let mut m = self.row_max;
         for (r, m) in m.iter_mut().enumerate() {
             for f in s.iter() {
@@ -87,7 +95,7 @@ impl OnlineSoftmax {
             None
         };
         for r in 0..2 {
-            let m_scaled = scaled_max(self.row_max[r], scale_log2);
+            let m_scaled = scaled_max(self.row_max[r], scale_log2) - offset_log2;
             let mut sum = 0.0f32;
             for f in s.iter_mut() {
                 for e in 0..2 {

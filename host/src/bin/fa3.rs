@@ -175,6 +175,9 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         device,
         kernel,
     } = a;
+    if dtype == Some(cli::DtypeArg::E4m3) {
+        return Err(CliError::Io("run --dtype e4m3 is not available yet: use `bench --dtype e4m3` (the FP8 forward) or `fp8-accuracy`".into()));
+    }
     let dtype: DType = dtype.map_or(DType::BF16, DType::from);
     let seed = seed.unwrap_or_else(clock_seed);
     let (algo, schedule) = (kernel.algo.algo(), kernel.schedule.into());
@@ -448,6 +451,9 @@ fn cmd_info(InfoArgs { device }: InfoArgs) -> CliResult<()> {
 }
 
 fn cmd_bench(a: BenchArgs) -> CliResult<()> {
+    if a.dtype == cli::DtypeArg::E4m3 {
+        return cmd_bench_fp8(&a);
+    }
     let dtype = DType::from(a.dtype);
     let (hdims, seqlens, causal_modes) = (&a.hdims.0, &a.seqlens.0, a.causal.modes());
     let (algo, algo_name, schedule) = (a.kernel.algo.algo(), a.kernel.algo.name(), a.kernel.schedule.into());
@@ -605,6 +611,60 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// `bench --dtype e4m3`: the FP8 forward on e4m3 Q, K, V with block scales (quantized
+/// once per shape from N(0, 1) bf16 data, not timed), O in bf16, over the FA3 grid (16k
+/// tokens, hidden 2048), in the forward's CSV format (series `rust-fa3-fp8`).
+fn cmd_bench_fp8(a: &BenchArgs) -> CliResult<()> {
+    use flash_attn3::fp8::{Fp8Descales, Fp8Options, QuantizeOptions, Role, flash_attn_fp8_into, quantize_fp8};
+    let gpu = Gpu::new(a.device)?;
+    let stream = gpu.new_stream()?;
+    let info = gpu.info();
+    println!("# {} (sm_{}{}, {} SMs), e4m3 (O bf16), fa3-fp8", info.name, info.major, info.minor, info.sm_count);
+    println!("{:>5} {:>6} {:>5} {:>5} {:>6} {:>9} {:>8} {:>8}", "hdim", "seqlen", "batch", "heads", "causal", "ms", "TFLOP/s", "host_us");
+    let mut rows = vec!["impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops".to_string()];
+    const TOKENS: usize = 16384;
+    const HIDDEN: usize = 2048;
+    let mut r = rng(clock_seed());
+    let tensors: Vec<DeviceTensor> = (0..3)
+        .map(|_| DeviceTensor::from_f32(&stream, DType::BF16, [1, TOKENS, 1, HIDDEN], &HostTensor::randn([1, TOKENS, 1, HIDDEN], DType::BF16, 1.0, &mut r).data))
+        .collect::<Result<_, _>>()?;
+    let mut out = DeviceTensor::alloc(&stream, DType::BF16, [1, TOKENS, 1, HIDDEN])?;
+    let mut lse = stream.alloc_zeros::<f32>(TOKENS * HIDDEN / 64).map_err(AttnError::from)?;
+    for &hdim in &a.hdims.0 {
+        if !common_fp8_hdims().contains(&(hdim as u32)) {
+            println!("{hdim:>5} (no FP8 kernel at this head dim)");
+            continue;
+        }
+        for &seqlen in &a.seqlens.0 {
+            let (batch, heads) = (TOKENS / seqlen, HIDDEN / hdim);
+            let shape = [batch, seqlen, heads, hdim];
+            let quant = |i: usize, role| quantize_fp8(&gpu, &stream, &tensors[i].view(shape), &QuantizeOptions::new(role));
+            let (q, k, v) = (quant(0, Role::Q)?, quant(1, Role::K)?, quant(2, Role::V)?);
+            let scales = Fp8Descales { q: &q.scales, k: &k.scales, v: &v.scales };
+            for &causal in a.causal.modes() {
+                let opts = Fp8Options::default().causal(causal);
+                std::thread::sleep(std::time::Duration::from_millis(a.cooldown_ms));
+                let timing = TimingPlan { warmup: a.warmup, warmup_ms: a.warmup_ms, iters: a.iters.max(1), timing_ms: a.timing_ms };
+                let mut o = out.view_mut(shape);
+                let t = time_calls(&gpu, &stream, timing, || flash_attn_fp8_into(&gpu, &stream, &q.tensor, &k.tensor, &v.tensor, &scales, &mut o, &mut lse, &opts))?;
+                let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
+                println!("{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1} {:>8.1}", causal as u8, t.median_ms, t.host_us);
+                rows.push(format!("rust-fa3-fp8,e4m3,{hdim},{seqlen},{batch},{heads},{},{:.4},{tflops:.1}", causal as u8, t.median_ms));
+            }
+        }
+    }
+    if let Some(path) = &a.csv {
+        std::fs::write(path, rows.join("\n") + "\n").map_err(|e| CliError::Io(format!("{}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Head dims with an FP8 kernel.
+fn common_fp8_hdims() -> &'static [u32] {
+    &flash_attn3::fp8::HEAD_DIMS
 }
 
 fn progress_style() -> ProgressStyle {

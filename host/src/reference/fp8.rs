@@ -22,6 +22,16 @@ pub fn round_e4m3(x: f32) -> f32 {
     F8E4M3::from_f32(x).to_f32()
 }
 
+/// The e4m3 code of `x` (rounded as [`round_e4m3`]).
+pub fn e4m3_code(x: f32) -> u8 {
+    F8E4M3::from_f32(x).to_bits()
+}
+
+/// The value of an e4m3 code.
+pub fn e4m3_value(code: u8) -> f32 {
+    F8E4M3::from_bits(code).to_f32()
+}
+
 /// Which elements share a scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Granularity {
@@ -100,6 +110,12 @@ impl Hadamard {
     pub fn new(hdim: usize, rng: &mut impl Rng) -> Self {
         assert!(hdim.is_power_of_two(), "hdim {hdim} must be a power of two");
         Hadamard { signs: (0..hdim).map(|_| if rng.random::<bool>() { 1.0 } else { -1.0 }).collect() }
+    }
+
+    /// The transform with these signs (±1; `hdim` of them, a power of two).
+    pub fn from_signs(signs: Vec<f32>) -> Self {
+        assert!(signs.len().is_power_of_two(), "{} signs: not a power of two", signs.len());
+        Hadamard { signs }
     }
 
     /// `row · M` in place: the signs, then the fast Walsh–Hadamard transform

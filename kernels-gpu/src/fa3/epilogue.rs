@@ -33,7 +33,14 @@ pub fn store<K: KernelTraits>(
     thread_in_wg: u32,
     q_empty: Option<Mbarrier>,
 ) {
-    let (inv, lse) = if p.sinks != 0 {
+    let (inv, lse) = if K::FP8 {
+        // The row sums carry P's offset into e4m3's range; the LSE takes it out.
+        let (inv, mut lse) = softmax.finalize(super::descale::tile_scales::<K>(p, tile).1);
+        for l in lse.iter_mut() {
+            *l -= common::fp8::P_EXP2_OFFSET * core::f32::consts::LN_2;
+        }
+        (inv, lse)
+    } else if p.sinks != 0 {
         // SAFETY: the host checked that the sinks cover every query head.
         let sink = f32::from_bits(unsafe { global::ld_nc_u32(p.sinks + 4 * tile.head as u64) });
         softmax.finalize_with_sink(p.softmax_scale, sink)
@@ -52,7 +59,7 @@ pub fn store<K: KernelTraits>(
     const { assert!(K::HDIM % 16 == 0) };
     let frags = (K::HDIM / 8) as usize;
     // n-tile j, row g + 8r: normalised and rounded to the output type.
-    let packed = |j: usize, r: usize| K::Element::pack2(o.frag(j)[2 * r] * inv[r], o.frag(j)[2 * r + 1] * inv[r]);
+    let packed = |j: usize, r: usize| K::OutElement::pack2(o.frag(j)[2 * r] * inv[r], o.frag(j)[2 * r + 1] * inv[r]);
     stage_swizzled(o_smem, K::BLOCK_M, wg * WARPGROUP_ROWS, warp, lane, frags, packed);
     // The TMA store reads through the async proxy.
     fence::proxy_async_shared();

@@ -14,13 +14,14 @@
 //! make the warpgroups take turns issuing their GEMMs, so one's softmax runs while the
 //! other's GEMMs do.
 use super::barriers::NamedBarrier;
+use super::descale::{self, VUnit};
 use super::gemm;
 use super::mask::{Mask, ScoreMod};
 use super::pipeline::{PipelineState, TmaPipeline};
 use super::producer::Loader;
 use super::scheduler::Tile;
-use super::traits::{FragTile, KernelTraits, ProbTile, ScoreTile, WARPGROUP_ROWS};
-use crate::element::Element;
+use super::traits::{FragTile, KernelTraits, ProbTile, WARPGROUP_ROWS};
+use crate::element::Operand;
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::SmemAddr;
 use crate::ptx::wgmma::WgmmaAcc;
@@ -28,7 +29,7 @@ use crate::ptx::{math, mma};
 use crate::softmax::OnlineSoftmax;
 use common::FwdParams;
 use common::fa3::KV_STAGES;
-use common::gmma::{desc_add, k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_offset};
+use common::gmma::{desc_add, k_major_k_step, k_major_sw128, sw128_offset};
 
 /// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
 pub type QFrags = [[u32; 4]; 8];
@@ -122,31 +123,34 @@ impl Operands {
 
     #[inline(always)]
     fn v_desc<K: KernelTraits>(&self, st: PipelineState<KV_STAGES>) -> u64 {
-        mn_major_sw128(self.v.slot(st.index()).0, K::BLOCK_N)
+        K::Element::v_desc(self.v.slot(st.index()).0, K::BLOCK_N, K::HDIM)
     }
 }
 
-/// S = Q K^T over the head dim, from wherever Q is: `HDIM/16` SS wgmmas with both
+/// S = Q K^T over the head dim, from wherever Q is: `HDIM/K_STEP` SS wgmmas with both
 /// operands K-major, or 8 RS wgmmas with Q's fragments ([`KernelTraits::Q_IN_REGISTERS`]).
 #[inline(always)]
 fn qk<K: KernelTraits>(s: &mut K::Scores, q: &QFrags, q_desc: u64, k_desc: u64) {
     if K::Q_IN_REGISTERS {
         for kk in 0..8u32 {
-            K::Element::wgmma_rs_k(s, q[kk as usize], desc_add(k_desc, k_major_k_step(K::BLOCK_N, kk)), kk > 0);
+            K::Element::qk_rs(s, q[kk as usize], desc_add(k_desc, k_major_k_step(K::BLOCK_N, kk)), kk > 0);
         }
     } else {
-        for kk in 0..K::HDIM / 16 {
+        for kk in 0..K::HDIM / K::Element::K_STEP {
             let (q_step, k_step) = (k_major_k_step(K::BLOCK_M, kk), k_major_k_step(K::BLOCK_N, kk));
-            K::Element::wgmma_ss(s, desc_add(q_desc, q_step), desc_add(k_desc, k_step), kk > 0);
+            K::Element::qk_ss(s, desc_add(q_desc, q_step), desc_add(k_desc, k_step), kk > 0);
         }
     }
 }
 
-/// O += P V: `BLOCK_N/16` RS wgmmas with V MN-major.
+/// P's register tile of a kernel.
+type Probs<K> = <<K as KernelTraits>::Element as Operand>::Probs<<K as KernelTraits>::Scores>;
+
+/// O += P V: `BLOCK_N/K_STEP` RS wgmmas, V as stored (MN-major, or transposed for e4m3).
 #[inline(always)]
-fn pv<K: KernelTraits>(o: &mut K::Out, p: &<K::Scores as ScoreTile>::Probs, v_desc: u64) {
-    for kb in 0..<<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS {
-        K::Element::wgmma_rs_mn(o, p.step(kb), desc_add(v_desc, mn_major_k_step(kb as u32)), true);
+fn pv<K: KernelTraits>(o: &mut K::Out, p: &Probs<K>, v_desc: u64) {
+    for kb in 0..<Probs<K> as ProbTile>::STEPS {
+        K::Element::pv(o, p.step(kb), desc_add(v_desc, K::Element::v_k_step(K::HDIM, kb as u32)));
     }
 }
 
@@ -154,7 +158,7 @@ fn pv<K: KernelTraits>(o: &mut K::Out, p: &<K::Scores as ScoreTile>::Probs, v_de
 struct Registers<K: KernelTraits> {
     s: K::Scores,
     o: K::Out,
-    p: <K::Scores as ScoreTile>::Probs,
+    p: Probs<K>,
 }
 
 impl<K: KernelTraits> Registers<K> {
@@ -175,6 +179,10 @@ struct Steps<'a, K: KernelTraits> {
     p: &'a FwdParams,
     mask: K::Mask,
     score_mod: K::ScoreMod,
+    tile: &'a Tile,
+    /// The softmax's `scale · log2 e` with the FP8 descales folded in (FP8 only; the
+    /// 16-bit kernels read `p.scale_log2`).
+    scale_log2: f32,
     n: u32,
     /// One past the tile's last key block (`n_block_min + n`): step `i` visits block
     /// `top - 1 - i`.
@@ -224,7 +232,13 @@ impl<K: KernelTraits> Steps<'_, K> {
         if MASKED && needs_mask {
             self.mask.apply_with(self.p, s, col_2t);
         }
-        s.softmax_update(sm, self.p.scale_log2)
+        if K::FP8 {
+            if let Some(k) = descale::k_block(self.p, self.tile, self.top - 1 - i) {
+                s.scale(k);
+            }
+            return s.softmax_update(sm, self.scale_log2, common::fp8::P_EXP2_OFFSET);
+        }
+        s.softmax_update(sm, self.p.scale_log2, 0.0)
     }
 }
 
@@ -276,6 +290,8 @@ struct Mainloop<'a, K: KernelTraits> {
     rings: Rings<'a, K>,
     regs: Registers<K>,
     softmax: OnlineSoftmax,
+    /// FP8: O's V factor.
+    v_unit: VUnit,
 }
 
 impl<K: KernelTraits> Mainloop<'_, K> {
@@ -304,6 +320,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         self.regs.fence_operands();
         let k_desc = ops.k_desc(*self.rings.k_state);
         gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, ops.q_desc, k_desc));
+        let alpha = self.before_pv(i - 1, alpha);
         self.regs.o.rescale(alpha);
         self.regs.o.fence_operand();
         // Waited for after O's fence: a spin loop between `wgmma.fence` and the wgmma
@@ -320,8 +337,15 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         // P_i may only overwrite the A registers once PV_{i-1} has read them.
         self.regs.s.fence_operand();
         self.rings.release_v(i - 1);
-        self.regs.p = self.regs.s.to_probs::<K::Element>();
+        self.regs.p = K::Element::to_probs(&self.regs.s);
         alpha
+    }
+
+    /// O's factor before the PV of step `i`: the softmax's `alpha`, with FP8's per-block
+    /// V factors folded in.
+    #[inline(always)]
+    fn before_pv(&mut self, i: u32, alpha: Option<[f32; 2]>) -> Option<[f32; 2]> {
+        if K::FP8 { self.v_unit.before_pv(self.steps.p, self.rings.tile, self.steps.top - 1 - i, alpha) } else { alpha }
     }
 
     /// The last GEMM turn of the overlapped loop: PV of the last step, after O's rescale.
@@ -329,6 +353,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
     fn last_pv(&mut self, n: u32, alpha: Option<[f32; 2]>) {
         self.ops.v.consumer_wait(*self.rings.v_state);
         self.pingpong.begin();
+        let alpha = self.before_pv(n - 1, alpha);
         self.regs.o.rescale(alpha);
         self.regs.fence_operands();
         let v_desc = self.ops.v_desc::<K>(*self.rings.v_state);
@@ -344,7 +369,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
     fn serial_step<const MASKED: bool>(&mut self, i: u32) {
         let alpha = self.steps.softmax::<MASKED>(&mut self.regs.s, &mut self.softmax, i, true);
         self.regs.o.rescale(alpha);
-        self.regs.p = self.regs.s.to_probs::<K::Element>();
+        self.regs.p = K::Element::to_probs(&self.regs.s);
         self.ops.v.consumer_wait(*self.rings.v_state);
         self.regs.fence_operands();
         let v_desc = self.ops.v_desc::<K>(*self.rings.v_state);
@@ -384,6 +409,8 @@ pub fn run<K: KernelTraits>(
         p,
         mask: K::Mask::new(p, row_g),
         score_mod: K::ScoreMod::new(p, tile.batch, tile.head),
+        tile,
+        scale_log2: descale::tile_scales::<K>(p, tile).0,
         n,
         top: tile.n_block_min + n,
         wg_row0,
@@ -398,7 +425,10 @@ pub fn run<K: KernelTraits>(
         rings: Rings { ops, k_state, v_state, loader, refills: is_loader, tile },
         regs: Registers { s: K::Scores::zeroed(), o: K::Out::zeroed(), p: ProbTile::zeroed() },
         softmax: OnlineSoftmax::new(),
+        v_unit: VUnit::new(),
     };
+    // The FP8 kernels' per-block V factors are folded in by the overlapped loop only.
+    const { assert!(!K::FP8 || K::OVERLAP) };
 
     // Skipped steps still move the rings on and take their GEMM turn, so that every
     // warpgroup takes the same number of turns per tile (n + 1 with the overlap, n without).
@@ -431,7 +461,7 @@ pub fn run<K: KernelTraits>(
         // a (warp-uniform) branch, not a loop of its own.
         let first_masked = first < unmasked_from || (K::Mask::LOCAL && first >= masked_from);
         ml.steps.softmax::<true>(&mut ml.regs.s, &mut ml.softmax, first, first_masked);
-        ml.regs.p = ml.regs.s.to_probs::<K::Element>();
+        ml.regs.p = K::Element::to_probs(&ml.regs.s);
         let mut alpha = None;
         if K::SEPARATE_MASKED_LOOP {
             // Never a local mask (its masked steps at both ends run the single loop below,
@@ -451,6 +481,10 @@ pub fn run<K: KernelTraits>(
             }
         }
         ml.last_pv(n, alpha);
+        if K::FP8 {
+            let v = ml.v_unit.output(p, tile);
+            ml.regs.o.rescale(Some([v, v]));
+        }
     } else {
         // n - first GEMM turns: QK_i; then softmax, PV_i, serially. The loops are rotated
         // (QK_first before them, QK_{i+1} at the end of step i), as in the overlap path,

@@ -15,10 +15,13 @@
 //!   blocks a tile visits (causal blocks past the diagonal are never loaded nor
 //!   computed);
 //! - [`pipeline`]: the stage/phase ring of mbarriers;
-//! - [`barriers`]: the named-barrier ids.
+//! - [`barriers`]: the named-barrier ids;
+//! - [`descale`]: the FP8 kernels' dequantization factors (e4m3 Q, K, V through the
+//!   same roles: `crate::element::Operand` says what changes in the GEMMs).
 //!
 //! `docs/design.md` maps the roles, pipelines and barriers, and the data flow of a tile.
 pub mod barriers;
+pub mod descale;
 pub mod epilogue;
 pub mod gemm;
 pub mod mainloop;

@@ -7,6 +7,7 @@ use super::pipeline::{PipelineState, TmaPipeline};
 use super::scheduler::Tile;
 use super::storage::{SharedStorage, TensorMaps};
 use super::traits::KernelTraits;
+use crate::element::Operand;
 use crate::ptx::tma::TensorMap;
 use common::fa3::{KV_STAGES, TensorMapSlot};
 use common::gmma::sw128_rows;
@@ -96,16 +97,17 @@ impl<K: KernelTraits> Loader<K> {
 
     #[inline(always)]
     fn load_k_block(&mut self, tile: &Tile, block: u32) {
-        self.k_state = self.load_kv(self.map(TensorMapSlot::K), &self.k, self.k_state, tile, block);
+        self.k_state = self.load_kv(self.map(TensorMapSlot::K), &self.k, self.k_state, tile, block, false);
     }
 
     #[inline(always)]
     fn load_v_block(&mut self, tile: &Tile, block: u32) {
-        self.v_state = self.load_kv(self.map(TensorMapSlot::V), &self.v, self.v_state, tile, block);
+        self.v_state = self.load_kv(self.map(TensorMapSlot::V), &self.v, self.v_state, tile, block, K::Element::V_TRANSPOSED);
     }
 
     /// Loads K or V (`map`, `ring`) of key block `block` into slot `st`; returns the next
-    /// position.
+    /// position. `transposed`: the map is a transposed V's (`[keys, d, 1, h, b]`
+    /// innermost first), whose key coordinate comes first.
     #[inline(always)]
     fn load_kv(
         &self,
@@ -114,13 +116,17 @@ impl<K: KernelTraits> Loader<K> {
         mut st: PipelineState<KV_STAGES>,
         tile: &Tile,
         block: u32,
+        transposed: bool,
     ) -> PipelineState<KV_STAGES> {
         ring.producer_acquire(st, self.leader);
         let (slot, full) = (ring.slot(st.index()), ring.full(st.index()));
         let (row, head, batch) = ((block * K::BLOCK_N) as i32, tile.head_k as i32, tile.batch as i32);
         match self.multicast_rank {
             // SAFETY: the slot holds one box; its full barrier expects the bytes.
-            None => unsafe { map.load_5d(slot, full, [0, row, 0, head, batch], self.leader) },
+            None => unsafe {
+                let coords = if transposed { [row, 0, 0, head, batch] } else { [0, row, 0, head, batch] };
+                map.load_5d(slot, full, coords, self.leader)
+            },
             Some(rank) => {
                 // Rows [rank * BLOCK_N/2, (rank + 1) * BLOCK_N/2) of every chunk, into both
                 // CTAs; each CTA's full barrier expects the whole tile (both halves). The

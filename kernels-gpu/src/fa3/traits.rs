@@ -4,7 +4,8 @@
 //! scheduler, shared storage) reads its shapes, register tiles and switches from it.
 //! Everything but the table's fields is derived here, once.
 use super::mask::{Mask, ScoreMod};
-use crate::element::{Element, a_fragment};
+use crate::element::{Element, Operand, a_fragment};
+use crate::ptx::math::pack_e4m3x4;
 use crate::ptx::regs::RegisterCount;
 use crate::ptx::wgmma::{WgmmaAcc, fence_a_operand};
 use crate::softmax::{Frag, OnlineSoftmax, mask_columns, mask_columns_outside};
@@ -18,8 +19,10 @@ pub const WARPGROUP_ROWS: u32 = 64;
 
 /// One FA3 kernel configuration.
 pub trait KernelTraits: Copy + 'static {
-    /// The 16-bit element type of Q, K, V and O.
-    type Element: Element;
+    /// The element type of Q, K and V (16-bit, or e4m3).
+    type Element: Operand;
+    /// The 16-bit element type of O.
+    type OutElement: Element;
     /// A consumer warpgroup's S = QK^T accumulator: `BLOCK_N / 8` fragments.
     type Scores: ScoreTile;
     /// A consumer warpgroup's O accumulator: `HDIM / 8` fragments.
@@ -61,8 +64,10 @@ pub trait KernelTraits: Copy + 'static {
     const CONSUMER_REGS: u32 = Self::CONFIG.register_split().1;
     /// The shared-memory layout.
     const SMEM: SmemLayout = Self::CONFIG.smem();
-    /// 64-column (128 B) chunks of the head dim.
+    /// 64-column (128 B) chunks of the head dim of O.
     const CHUNKS: u32 = Self::HDIM / 64;
+    /// e4m3 operands (`common::fp8`): descales, P offset into e4m3's range, V transposed.
+    const FP8: bool = Self::CONFIG.fp8;
 }
 
 /// The producer warpgroup's register count of a kernel (`setmaxnreg` takes an immediate).
@@ -96,8 +101,11 @@ pub trait FragTile: Copy {
     /// Sets to `-inf` the scores of keys outside `[first[r], end[r])` in row `r` of this
     /// lane (see [`mask_columns_outside`]).
     fn mask_columns_outside(&mut self, col_2t: i32, first: [i32; 2], end: [i32; 2]);
-    /// Folds the tile into the running statistics (see [`OnlineSoftmax::update`]).
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32) -> Option<[f32; 2]>;
+    /// Multiplies every element by `f`.
+    fn scale(&mut self, f: f32);
+    /// Folds the tile into the running statistics (see [`OnlineSoftmax::update`]);
+    /// the probabilities come out times `2^offset_log2`.
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, offset_log2: f32) -> Option<[f32; 2]>;
 }
 
 impl<const N: usize> FragTile for [Frag; N] {
@@ -127,8 +135,16 @@ impl<const N: usize> FragTile for [Frag; N] {
         mask_columns_outside(self, col_2t, first, end)
     }
     #[inline(always)]
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32) -> Option<[f32; 2]> {
-        softmax.update(self, scale_log2)
+    fn scale(&mut self, f: f32) {
+        for frag in self.iter_mut() {
+            for x in frag.iter_mut() {
+                *x *= f;
+            }
+        }
+    }
+    #[inline(always)]
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, offset_log2: f32) -> Option<[f32; 2]> {
+        softmax.update_offset(self, scale_log2, offset_log2)
     }
 }
 
@@ -140,6 +156,14 @@ pub trait ScoreTile: FragTile + WgmmaAcc {
     fn to_probs<E: Element>(&self) -> Self::Probs;
     /// k16 step `kb` of [`Self::to_probs`] alone.
     fn probs_step<E: Element>(&self, kb: usize) -> [u32; 4];
+    /// P as the e4m3 A operand: `BLOCK_N / 32` k32 steps (the FP8 kernels' key blocks
+    /// are whole steps, `common::fp8::block_n`).
+    type Probs8: ProbTile;
+    /// P = S rounded to e4m3, in the k32 A-fragment layout with the keys permuted as
+    /// `common::fp8::vt_position` stores V: a thread's register `a0` (row g, k = 4t..4t+3)
+    /// holds its own columns 2t, 2t+1 of fragments 4kb and 4kb+1, so no value leaves its
+    /// thread.
+    fn to_probs_e4m3(&self) -> Self::Probs8;
 }
 
 /// P as `BLOCK_N / 16` RS WGMMA A fragments.
@@ -160,6 +184,19 @@ macro_rules! score_tile {
     ($($frags:literal),*) => {$(
         impl ScoreTile for [Frag; $frags] {
             type Probs = [[u32; 4]; $frags / 2];
+            type Probs8 = [[u32; 4]; $frags / 4];
+            #[inline(always)]
+            fn to_probs_e4m3(&self) -> Self::Probs8 {
+                core::array::from_fn(|kb| {
+                    let f = |j: usize| &self[4 * kb + j];
+                    [
+                        pack_e4m3x4([f(0)[0], f(0)[1], f(1)[0], f(1)[1]]),
+                        pack_e4m3x4([f(0)[2], f(0)[3], f(1)[2], f(1)[3]]),
+                        pack_e4m3x4([f(2)[0], f(2)[1], f(3)[0], f(3)[1]]),
+                        pack_e4m3x4([f(2)[2], f(2)[3], f(3)[2], f(3)[3]]),
+                    ]
+                })
+            }
             #[inline(always)]
             fn to_probs<E: Element>(&self) -> Self::Probs {
                 core::array::from_fn(|kb| a_fragment::<E>(&self[2 * kb], &self[2 * kb + 1]))

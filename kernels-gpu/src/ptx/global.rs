@@ -11,6 +11,25 @@ pub unsafe fn st_u32(addr: u64, v: u32) {
     unsafe { asm!("st.global.b32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
 }
 
+/// Stores 2 bytes at a generic address that points to global memory.
+///
+/// # Safety
+/// `addr` must be a valid, 2-byte aligned global address.
+#[inline(always)]
+pub unsafe fn st_u16(addr: u64, v: u16) {
+    unsafe { asm!("st.global.b16 [{0}], {1};", in(reg64) addr, in(reg16) v, options(nostack)) };
+}
+
+/// Stores one byte at a generic address that points to global memory.
+///
+/// # Safety
+/// `addr` must be a valid global address.
+#[inline(always)]
+pub unsafe fn st_u8(addr: u64, v: u8) {
+    // PTX has no 8-bit registers: the low byte of a 16-bit one is stored.
+    unsafe { asm!("st.global.b8 [{0}], {1};", in(reg64) addr, in(reg16) v as u16, options(nostack)) };
+}
+
 /// Stores an `f32` at a generic address that points to global memory.
 ///
 /// # Safety

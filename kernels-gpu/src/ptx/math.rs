@@ -100,6 +100,28 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     r
 }
 
+/// Packs four `f32` into four e4m3 bytes (round to nearest even, saturating to ±448;
+/// NaN stays NaN), `v[0]` in the low byte.
+#[inline(always)]
+pub fn pack_e4m3x4(v: [f32; 4]) -> u32 {
+    let r: u32;
+    // SAFETY: pure arithmetic. cvt's first source lands in the upper byte of each pair.
+    unsafe {
+        asm!("{{ .reg .b16 l, h; cvt.rn.satfinite.e4m3x2.f32 l, {2}, {1}; cvt.rn.satfinite.e4m3x2.f32 h, {4}, {3}; mov.b32 {0}, {{l, h}}; }}",
+             out(reg32) r, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// Square root, correctly rounded.
+#[inline(always)]
+pub fn sqrt(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic.
+    unsafe { asm!("sqrt.rn.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r
+}
+
 /// Fused `a * b + c`, rounded once.
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {

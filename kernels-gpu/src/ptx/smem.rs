@@ -103,6 +103,26 @@ pub unsafe fn ld_v4_u32(addr: SmemAddr) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// Stores 4 bytes to shared memory.
+///
+/// # Safety
+/// `addr` must be 4-byte aligned and inside the allocation.
+#[inline(always)]
+pub unsafe fn st_u32(addr: SmemAddr, v: u32) {
+    unsafe { asm!("st.shared.b32 [{0}], {1};", in(reg32) addr.0, in(reg32) v, options(nostack)) };
+}
+
+/// Loads 4 bytes from shared memory.
+///
+/// # Safety
+/// `addr` must be 4-byte aligned and inside the allocation.
+#[inline(always)]
+pub unsafe fn ld_u32(addr: SmemAddr) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.shared.b32 {0}, [{1}];", out(reg32) v, in(reg32) addr.0, options(nostack, readonly)) };
+    v
+}
+
 /// Rounds an address up to a multiple of `align` (a power of two).
 #[inline(always)]
 pub const fn align_up(addr: SmemAddr, align: u32) -> SmemAddr {

@@ -49,6 +49,12 @@ pub trait WgmmaAcc {
     /// D (+)= A * B with A (64 x 16, K-major) in registers.
     fn rs_f16<const TRANS_B: u32>(&mut self, a: [u32; 4], desc_b: u64, scale_d: bool);
     fn rs_bf16<const TRANS_B: u32>(&mut self, a: [u32; 4], desc_b: u64, scale_d: bool);
+    /// D (+)= A * B with e4m3 operands (`m64nNk32`), both K-major in shared memory
+    /// (8-bit wgmma has no transposed operands).
+    fn ss_e4m3(&mut self, desc_a: u64, desc_b: u64, scale_d: bool);
+    /// D (+)= A * B with e4m3 operands, A (64 x 32, four bytes a register) in registers
+    /// and B K-major in shared memory.
+    fn rs_e4m3(&mut self, a: [u32; 4], desc_b: u64, scale_d: bool);
     /// Compiler-only fence: every register is read and rewritten here.
     fn fence_operand(&mut self);
 }
@@ -82,6 +88,14 @@ macro_rules! wgmma_impl {
                 wgmma_impl!(@rs self, "bf16", $n, a, desc_b, scale_d, TRANS_B, [$first $($rest)*]);
             }
             #[inline(always)]
+            fn ss_e4m3(&mut self, desc_a: u64, desc_b: u64, scale_d: bool) {
+                wgmma_impl!(@ss8 self, $n, desc_a, desc_b, scale_d, [$first $($rest)*]);
+            }
+            #[inline(always)]
+            fn rs_e4m3(&mut self, a: [u32; 4], desc_b: u64, scale_d: bool) {
+                wgmma_impl!(@rs8 self, $n, a, desc_b, scale_d, [$first $($rest)*]);
+            }
+            #[inline(always)]
             fn fence_operand(&mut self) {
                 // SAFETY: a PTX comment: no instruction.
                 unsafe {
@@ -103,6 +117,37 @@ macro_rules! wgmma_impl {
                 ),
                 inout(reg32) $acc[$first / 4][$first % 4], $(inout(reg32) $acc[$rest / 4][$rest % 4],)*
                 da = in(reg64) $da, db = in(reg64) $db, sd = in(reg32) $sd as u32, tb = const $tb,
+                options(nostack)
+            )
+        };
+    };
+    (@ss8 $acc:ident, $n:literal, $da:ident, $db:ident, $sd:ident, [$first:literal $($rest:literal)*]) => {
+        // SAFETY: as for the 16-bit SS form.
+        unsafe {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; ",
+                    "wgmma.mma_async.sync.aligned.m64n", $n, "k32.f32.e4m3.e4m3 ",
+                    "{{{", $first, "}", $(", {", $rest, "}",)* "}}, {da}, {db}, p, 1, 1; }}"
+                ),
+                inout(reg32) $acc[$first / 4][$first % 4], $(inout(reg32) $acc[$rest / 4][$rest % 4],)*
+                da = in(reg64) $da, db = in(reg64) $db, sd = in(reg32) $sd as u32,
+                options(nostack)
+            )
+        };
+    };
+    (@rs8 $acc:ident, $n:literal, $a:ident, $db:ident, $sd:ident, [$first:literal $($rest:literal)*]) => {
+        // SAFETY: as for the 16-bit RS form.
+        unsafe {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; ",
+                    "wgmma.mma_async.sync.aligned.m64n", $n, "k32.f32.e4m3.e4m3 ",
+                    "{{{", $first, "}", $(", {", $rest, "}",)* "}}, {{{a0}, {a1}, {a2}, {a3}}}, {db}, p, 1, 1; }}"
+                ),
+                inout(reg32) $acc[$first / 4][$first % 4], $(inout(reg32) $acc[$rest / 4][$rest % 4],)*
+                a0 = in(reg32) $a[0], a1 = in(reg32) $a[1], a2 = in(reg32) $a[2], a3 = in(reg32) $a[3],
+                db = in(reg64) $db, sd = in(reg32) $sd as u32,
                 options(nostack)
             )
         };

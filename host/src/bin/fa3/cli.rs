@@ -222,13 +222,17 @@ pub enum DtypeArg {
     /// bfloat16
     #[value(name = "bf16", alias = "bfloat16")]
     Bf16,
+    /// FP8 e4m3 Q, K, V with block scales, O in bf16 (`bench` only)
+    #[value(name = "e4m3", alias = "fp8")]
+    E4m3,
 }
 
 impl From<DtypeArg> for DType {
     fn from(d: DtypeArg) -> DType {
         match d {
             DtypeArg::F16 => DType::F16,
-            DtypeArg::Bf16 => DType::BF16,
+            // The FP8 path's O; its inputs are e4m3 (`bench` branches on it first).
+            DtypeArg::Bf16 | DtypeArg::E4m3 => DType::BF16,
         }
     }
 }

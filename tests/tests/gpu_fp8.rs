@@ -1,0 +1,247 @@
+//! GPU tests of the FP8 path: the quantization kernel gives the CPU reference's codes and
+//! factors exactly (block scales, incoherent processing, the transposed V), and the FP8
+//! forward meets FlashAttention's rule against the f64 attention of the same e4m3 inputs
+//! (max error <= 2 x that of the naive e4m3 implementation, `attention_fp8_lowp`, plus
+//! slack), at awkward sizes, causal or not, GQA, with per-head and per-block factors.
+//!
+//! Without a usable GPU every test is reported as ignored and the reason is printed.
+use flash_attn3::fp8::{
+    Descale, DescaleKind, Fp8Descales, Fp8Layout, Fp8Options, Fp8Tensor, QuantizeOptions, Role, block_rows, flash_attn_fp8, hadamard_signs,
+    quantize_fp8, transpose_v_codes,
+};
+use flash_attn3::reference::fp8::{Granularity, Hadamard, Quantized, attention_fp8_lowp, e4m3_code, quantize};
+use flash_attn3::reference::{AttnResult, HostTensor, Problem, attention_f64, max_abs_err, rng, within_budget};
+use flash_attn3::check::{LSE_SLACK, O_SLACK};
+use flash_attn3::{Arg, DType, DeviceTensor, Gpu};
+use libtest_mimic::{Arguments, Failed};
+
+mod support;
+
+/// The e4m3 codes of a CPU-quantized tensor (its values divided by their group's factor).
+fn codes(t: &Quantized, g: Granularity) -> Vec<u8> {
+    let [_, s, h, d] = t.values.shape;
+    let rows = match g {
+        Granularity::Blocks { rows } => rows,
+        _ => s,
+    };
+    let groups = s.div_ceil(rows);
+    t.values
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let (hi, si, bi) = ((i / d) % h, (i / (d * h)) % s, i / (d * h * s));
+            let sc = match g {
+                Granularity::PerTensor => t.scales[0],
+                Granularity::PerHead => t.scales[bi * h + hi],
+                Granularity::Blocks { .. } => t.scales[(bi * h + hi) * groups + si / rows],
+            };
+            e4m3_code(x / sc)
+        })
+        .collect()
+}
+
+/// The quantization kernel against `reference::fp8::quantize` (after the same Hadamard
+/// transform when `incoherent`): identical factors and codes.
+fn quantize_matches_cpu(gpu: &Gpu, dtype: DType, d: usize, role: Role, incoherent: bool) -> Result<(), Failed> {
+    let stream = gpu.new_stream()?;
+    let shape = [2, 1000, 3, d];
+    let mut r = rng(d as u64 * 7 + role as u64);
+    let x = HostTensor::randn(shape, dtype, 1.5, &mut r);
+    let dev = DeviceTensor::from_f32(&stream, dtype, shape, &x.data)?;
+    let signs = hadamard_signs(&stream, d, 11)?;
+    let opts = if incoherent { QuantizeOptions::new(role).hadamard(&signs) } else { QuantizeOptions::new(role) };
+    let got = quantize_fp8(gpu, &stream, &dev.as_ref(), &opts)?;
+    let input = if incoherent { Hadamard::from_signs(stream.clone_dtoh(&signs)?).apply(&x) } else { x };
+    let g = Granularity::Blocks { rows: block_rows(role, d) };
+    let want = quantize(&input, g);
+    let factors = stream.clone_dtoh(got.scales.factors())?;
+    if factors != want.scales {
+        let bad = factors.iter().zip(&want.scales).position(|(a, b)| a != b);
+        return Err(format!("factors differ first at {bad:?} of {}", factors.len()).into());
+    }
+    let mut want_codes = codes(&want, g);
+    if role == Role::V {
+        want_codes = transpose_v_codes(&want_codes, shape);
+    }
+    let got_codes = got.tensor.to_codes(&stream)?;
+    let wrong = got_codes.iter().zip(&want_codes).filter(|(a, b)| a != b).count();
+    if got_codes.len() != want_codes.len() || wrong > 0 {
+        return Err(format!("{wrong} of {} codes differ (lengths {} / {})", want_codes.len(), got_codes.len(), want_codes.len()).into());
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Scales {
+    /// One factor per (batch, K/V head), codes made on the host.
+    PerHead,
+    /// Block factors from the quantization kernel.
+    Blocks,
+    /// Block factors after incoherent processing of Q and K.
+    BlocksIncoherent,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    out: DType,
+    d: usize,
+    b: usize,
+    sq: usize,
+    sk: usize,
+    hq: usize,
+    hk: usize,
+    causal: bool,
+    scales: Scales,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        format!(
+            "fp8_hdim{}_{}_b{}_sq{}_sk{}_h{}x{}{}_{:?}",
+            self.d,
+            self.out.name(),
+            self.b,
+            self.sq,
+            self.sk,
+            self.hq,
+            self.hk,
+            if self.causal { "_causal" } else { "" },
+            self.scales
+        )
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let base = Case { out: DType::BF16, d: 128, b: 2, sq: 1000, sk: 777, hq: 4, hk: 2, causal: false, scales: Scales::Blocks };
+    let mut v = Vec::new();
+    for d in [128, 256] {
+        for causal in [false, true] {
+            for scales in [Scales::PerHead, Scales::Blocks, Scales::BlocksIncoherent] {
+                v.push(Case { d, causal, scales, ..base });
+            }
+        }
+        v.push(Case { d, out: DType::F16, sq: 257, sk: 1500, hq: 3, hk: 1, causal: true, ..base });
+        v.push(Case { d, sq: 1, sk: 17, b: 1, hq: 2, hk: 2, ..base });
+        v.push(Case { d, sq: 4097, sk: 4097, b: 1, hq: 1, hk: 1, causal: true, ..base });
+        v.push(Case { d, sq: 300, sk: 90, causal: true, scales: Scales::PerHead, ..base });
+    }
+    v
+}
+
+fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let mut r = rng(seed);
+    let stream = gpu.new_stream()?;
+    let (qs, ks) = ([c.b, c.sq, c.hq, c.d], [c.b, c.sk, c.hk, c.d]);
+    // Outliers, as in the paper's experiment: what the factors are for.
+    let q = flash_attn3::reference::fp8::outlier_tensor(qs, 0.001, 10.0, &mut r);
+    let k = flash_attn3::reference::fp8::outlier_tensor(ks, 0.001, 10.0, &mut r);
+    let v = flash_attn3::reference::fp8::outlier_tensor(ks, 0.001, 10.0, &mut r);
+    let (q, k, v) = [q, k, v].map(|t| HostTensor::new(t.shape, t.data.iter().map(|&x| flash_attn3::round_to(DType::BF16, x)).collect())).into();
+    let scale = 1.0 / (c.d as f32).sqrt();
+    let (q8, k8, v8, sq, sk, sv, hq, hk, hv);
+    match c.scales {
+        Scales::PerHead => {
+            // FlashAttention-3's layout: Q's factors per (batch, K/V head) too.
+            let group = c.hq / c.hk;
+            let qh = HostTensor::new([c.b, c.sq * group, c.hk, c.d], {
+                // Q's rows of a K/V group, gathered so that one "head" is the whole group.
+                let mut out = vec![0f32; q.data.len()];
+                for bi in 0..c.b {
+                    for si in 0..c.sq {
+                        for hi in 0..c.hq {
+                            let (hk_i, g) = (hi / group, hi % group);
+                            let src = ((bi * c.sq + si) * c.hq + hi) * c.d;
+                            let dst = ((bi * c.sq * group + si * group + g) * c.hk + hk_i) * c.d;
+                            out[dst..dst + c.d].copy_from_slice(&q.data[src..src + c.d]);
+                        }
+                    }
+                }
+                out
+            });
+            let qg = quantize(&qh, Granularity::PerHead);
+            // Back to q's layout: the same factor for every head of a group.
+            let mut qv = q.clone();
+            let mut q_codes = vec![0u8; q.data.len()];
+            for bi in 0..c.b {
+                for si in 0..c.sq {
+                    for hi in 0..c.hq {
+                        let (hk_i, g) = (hi / group, hi % group);
+                        let src = ((bi * c.sq * group + si * group + g) * c.hk + hk_i) * c.d;
+                        let dst = ((bi * c.sq + si) * c.hq + hi) * c.d;
+                        let f = qg.scales[bi * c.hk + hk_i];
+                        for e in 0..c.d {
+                            qv.data[dst + e] = qg.values.data[src + e];
+                            q_codes[dst + e] = e4m3_code(qg.values.data[src + e] / f);
+                        }
+                    }
+                }
+            }
+            let (kq, vq) = (quantize(&k, Granularity::PerHead), quantize(&v, Granularity::PerHead));
+            q8 = Fp8Tensor::from_codes(&stream, &q_codes, qs, Fp8Layout::Bshd)?;
+            k8 = Fp8Tensor::from_codes(&stream, &codes(&kq, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
+            v8 = Fp8Tensor::from_codes(&stream, &transpose_v_codes(&codes(&vq, Granularity::PerHead), ks), ks, Fp8Layout::VTransposed)?;
+            sq = Descale::from_host(&stream, Arg::QDescale, &qg.scales, DescaleKind::PerHead)?;
+            sk = Descale::from_host(&stream, Arg::KDescale, &kq.scales, DescaleKind::PerHead)?;
+            sv = Descale::from_host(&stream, Arg::VDescale, &vq.scales, DescaleKind::PerHead)?;
+            (hq, hk, hv) = (qv, kq.values, vq.values);
+        }
+        Scales::Blocks | Scales::BlocksIncoherent => {
+            let incoherent = matches!(c.scales, Scales::BlocksIncoherent);
+            let signs = hadamard_signs(&stream, c.d, seed)?;
+            let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, DType::BF16, t.shape, &t.data);
+            let (qd, kd, vd) = (up(&q)?, up(&k)?, up(&v)?);
+            let opts = |role| if incoherent && role != Role::V { QuantizeOptions::new(role).hadamard(&signs) } else { QuantizeOptions::new(role) };
+            let (a, b, e) = (
+                quantize_fp8(gpu, &stream, &qd.as_ref(), &opts(Role::Q))?,
+                quantize_fp8(gpu, &stream, &kd.as_ref(), &opts(Role::K))?,
+                quantize_fp8(gpu, &stream, &vd.as_ref(), &opts(Role::V))?,
+            );
+            let h = Hadamard::from_signs(stream.clone_dtoh(&signs)?);
+            let (qi, ki) = if incoherent { (h.apply(&q), h.apply(&k)) } else { (q.clone(), k.clone()) };
+            hq = quantize(&qi, Granularity::Blocks { rows: block_rows(Role::Q, c.d) }).values;
+            hk = quantize(&ki, Granularity::Blocks { rows: block_rows(Role::K, c.d) }).values;
+            hv = quantize(&v, Granularity::Blocks { rows: block_rows(Role::V, c.d) }).values;
+            (q8, k8, v8, sq, sk, sv) = (a.tensor, b.tensor, e.tensor, a.scales, b.scales, e.scales);
+        }
+    }
+    let opts = Fp8Options::default().causal(c.causal).out_dtype(c.out);
+    let res = flash_attn_fp8(gpu, &stream, &q8, &k8, &v8, &Fp8Descales { q: &sq, k: &sk, v: &sv }, &opts)?;
+    let got = AttnResult { o: res.out.to_f32(&stream)?, lse: stream.clone_dtoh(&res.lse)? };
+    let p = Problem::plain(&hq, &hk, &hv, c.causal, scale);
+    let exact = attention_f64(&p);
+    let naive = attention_fp8_lowp(&p, c.out);
+    let (o_err, o_naive) = (max_abs_err(&got.o, &exact.o), max_abs_err(&naive.o, &exact.o));
+    let (l_err, l_naive) = (max_abs_err(&got.lse, &exact.lse), max_abs_err(&naive.lse, &exact.lse));
+    let report = format!("O err {o_err:.3e} (naive {o_naive:.3e}); LSE err {l_err:.3e} (naive {l_naive:.3e})");
+    if !(within_budget(o_err, o_naive, O_SLACK) && within_budget(l_err, l_naive, LSE_SLACK)) {
+        return Err(format!("seed {seed}: {report}: FAIL").into());
+    }
+    println!("    {}: {report}: PASS", c.name());
+    Ok(())
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads.get_or_insert(1);
+    let gpu = support::gpu_or_skip("FP8 GPU tests");
+    let mut trials = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        for d in [64, 128, 256] {
+            for role in [Role::Q, Role::K, Role::V] {
+                for incoherent in [false, true] {
+                    if incoherent && role == Role::V {
+                        continue;
+                    }
+                    let name = format!("quantize_matches_cpu_{}_hdim{d}_{role:?}{}", dtype.name(), if incoherent { "_hadamard" } else { "" });
+                    trials.push(support::gpu_trial(name, &gpu, move |g| quantize_matches_cpu(g, dtype, d, role, incoherent)));
+                }
+            }
+        }
+    }
+    for c in cases() {
+        trials.push(support::gpu_trial(c.name(), &gpu, move |g| run_case(g, &c)));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
