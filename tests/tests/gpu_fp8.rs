@@ -1,15 +1,19 @@
 //! GPU tests of the FP8 path: the quantization kernel gives the CPU reference's codes and
 //! factors exactly (block scales, incoherent processing, the transposed V), and the FP8
 //! forward meets FlashAttention's rule against the f64 attention of the same e4m3 inputs
-//! (max error <= 2 x that of the naive e4m3 implementation, `attention_fp8_lowp`, plus
-//! slack), at awkward sizes, causal or not, GQA, with per-head and per-block factors.
+//! (max error <= 2 x that of the naive FP8 implementation plus slack), at awkward sizes,
+//! causal or not, GQA, with per-head and per-block factors. The naive implementation is
+//! `attention_fp8_naive` (scores from a bf16 matmul, P in e4m3, as FlashAttention-3's
+//! tests), since the tensor cores accumulate FP8 products with fewer bits than f32; on
+//! small-integer Q and K, whose scores every accumulator holds exactly, the kernel is held
+//! to the f32-score reference (`attention_fp8_lowp`) instead.
 //!
 //! Without a usable GPU every test is reported as ignored and the reason is printed.
 use flash_attn3::fp8::{
     Descale, DescaleKind, Fp8Descales, Fp8Layout, Fp8Options, Fp8Tensor, QuantizeOptions, Role, block_rows, flash_attn_fp8, hadamard_signs,
     quantize_fp8, transpose_v_codes,
 };
-use flash_attn3::reference::fp8::{Granularity, Hadamard, Quantized, attention_fp8_lowp, e4m3_code, quantize};
+use flash_attn3::reference::fp8::{Granularity, Hadamard, Quantized, attention_fp8_lowp, attention_fp8_naive, e4m3_code, quantize};
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, attention_f64, max_abs_err, rng, within_budget};
 use flash_attn3::check::{LSE_SLACK, O_SLACK};
 use flash_attn3::{Arg, DType, DeviceTensor, Gpu};
@@ -80,6 +84,8 @@ enum Scales {
     Blocks,
     /// Block factors after incoherent processing of Q and K.
     BlocksIncoherent,
+    /// Q and K small integers (factor 1; exact scores in any accumulator), V per head.
+    Integers,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -125,6 +131,8 @@ fn cases() -> Vec<Case> {
         v.push(Case { d, sq: 1, sk: 17, b: 1, hq: 2, hk: 2, ..base });
         v.push(Case { d, sq: 4097, sk: 4097, b: 1, hq: 1, hk: 1, causal: true, ..base });
         v.push(Case { d, sq: 300, sk: 90, causal: true, scales: Scales::PerHead, ..base });
+        v.push(Case { d, scales: Scales::Integers, ..base });
+        v.push(Case { d, causal: true, sq: 700, sk: 1100, scales: Scales::Integers, ..base });
     }
     v
 }
@@ -139,9 +147,30 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let k = flash_attn3::reference::fp8::outlier_tensor(ks, 0.001, 10.0, &mut r);
     let v = flash_attn3::reference::fp8::outlier_tensor(ks, 0.001, 10.0, &mut r);
     let (q, k, v) = [q, k, v].map(|t| HostTensor::new(t.shape, t.data.iter().map(|&x| flash_attn3::round_to(DType::BF16, x)).collect())).into();
-    let scale = 1.0 / (c.d as f32).sqrt();
+    let mut scale = 1.0 / (c.d as f32).sqrt();
     let (q8, k8, v8, sq, sk, sv, hq, hk, hv);
     match c.scales {
+        Scales::Integers => {
+            use rand::Rng;
+            let ints = |shape: [usize; 4], r: &mut rand::rngs::StdRng| {
+                let n = shape.iter().product();
+                HostTensor::new(shape, (0..n).map(|_| r.random_range(-4i32..=4) as f32).collect())
+            };
+            let (qi, ki) = (ints(qs, &mut r), ints(ks, &mut r));
+            // Integer scores of magnitude at most 16 · hdim <= 2^12: exact in any
+            // accumulator; logits of a few units.
+            scale = 0.02;
+            let vq = quantize(&v, Granularity::PerHead);
+            let to_codes = |t: &HostTensor| t.data.iter().map(|&x| e4m3_code(x)).collect::<Vec<u8>>();
+            q8 = Fp8Tensor::from_codes(&stream, &to_codes(&qi), qs, Fp8Layout::Bshd)?;
+            k8 = Fp8Tensor::from_codes(&stream, &to_codes(&ki), ks, Fp8Layout::Bshd)?;
+            v8 = Fp8Tensor::from_codes(&stream, &transpose_v_codes(&codes(&vq, Granularity::PerHead), ks), ks, Fp8Layout::VTransposed)?;
+            let ones = vec![1.0f32; c.b * c.hk];
+            sq = Descale::from_host(&stream, Arg::QDescale, &ones, DescaleKind::PerHead)?;
+            sk = Descale::from_host(&stream, Arg::KDescale, &ones, DescaleKind::PerHead)?;
+            sv = Descale::from_host(&stream, Arg::VDescale, &vq.scales, DescaleKind::PerHead)?;
+            (hq, hk, hv) = (qi, ki, vq.values);
+        }
         Scales::PerHead => {
             // FlashAttention-3's layout: Q's factors per (batch, K/V head) too.
             let group = c.hq / c.hk;
@@ -206,15 +235,17 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             (q8, k8, v8, sq, sk, sv) = (a.tensor, b.tensor, e.tensor, a.scales, b.scales, e.scales);
         }
     }
-    let opts = Fp8Options::default().causal(c.causal).out_dtype(c.out);
+    let opts = Fp8Options::default().causal(c.causal).out_dtype(c.out).softmax_scale(scale);
     let res = flash_attn_fp8(gpu, &stream, &q8, &k8, &v8, &Fp8Descales { q: &sq, k: &sk, v: &sv }, &opts)?;
     let got = AttnResult { o: res.out.to_f32(&stream)?, lse: stream.clone_dtoh(&res.lse)? };
     let p = Problem::plain(&hq, &hk, &hv, c.causal, scale);
     let exact = attention_f64(&p);
-    let naive = attention_fp8_lowp(&p, c.out);
+    let f32_scores = attention_fp8_lowp(&p, c.out);
+    let naive = if matches!(c.scales, Scales::Integers) { f32_scores.clone() } else { attention_fp8_naive(&p, c.out) };
     let (o_err, o_naive) = (max_abs_err(&got.o, &exact.o), max_abs_err(&naive.o, &exact.o));
     let (l_err, l_naive) = (max_abs_err(&got.lse, &exact.lse), max_abs_err(&naive.lse, &exact.lse));
-    let report = format!("O err {o_err:.3e} (naive {o_naive:.3e}); LSE err {l_err:.3e} (naive {l_naive:.3e})");
+    let l_f32 = max_abs_err(&f32_scores.lse, &exact.lse);
+    let report = format!("O err {o_err:.3e} (naive {o_naive:.3e}); LSE err {l_err:.3e} (naive {l_naive:.3e}, with f32 scores {l_f32:.3e})");
     if !(within_budget(o_err, o_naive, O_SLACK) && within_budget(l_err, l_naive, LSE_SLACK)) {
         return Err(format!("seed {seed}: {report}: FAIL").into());
     }

@@ -44,9 +44,16 @@ impl Tile {
     /// The tile of query block `m_block` of `head` in `batch`, with its key blocks.
     #[inline(always)]
     pub fn new<K: KernelTraits>(p: &FwdParams, m_block: u32, head: u32, batch: u32) -> Self {
-        let row0 = fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N);
+        let row0 = Self::row0::<K>(p, m_block);
         let (first, end) = K::Mask::tile_blocks(p, row0, K::BLOCK_M, K::BLOCK_N);
         Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: first, n_blocks: if end > first { end - first } else { 0 } }
+    }
+
+    /// The first query row of query block `m_block` ([`fa3::tile_row0`]); the FP8
+    /// kernels' tiles are never shifted: Q's block factors are per tile.
+    #[inline(always)]
+    pub fn row0<K: KernelTraits>(p: &FwdParams, m_block: u32) -> i32 {
+        if K::FP8 { (m_block * K::BLOCK_M) as i32 } else { fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N) }
     }
 
     /// The key block of step `i` (of `n_blocks`, from the last block down).
@@ -235,7 +242,7 @@ impl<K: KernelTraits> TileSource for HandoffTiles<K> {
         if m_block == NO_TILE {
             return None;
         }
-        let row0 = fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N);
+        let row0 = Tile::row0::<K>(p, m_block);
         // The first block is recomputed (a constant 0 but for local masks).
         let n_block_min = K::Mask::tile_blocks(p, row0, K::BLOCK_M, K::BLOCK_N).0;
         Some(Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min, n_blocks })
