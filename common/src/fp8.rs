@@ -32,11 +32,11 @@ pub const K_STEP: u32 = 32;
 /// Largest finite e4m3 value: block scales map a block's largest magnitude here.
 pub const E4M3_MAX: f32 = 448.0;
 
-/// The probabilities enter the PV GEMM as `P · 2^P_EXP2_OFFSET`, in e4m3's range instead
-/// of its subnormals (FlashAttention-3 offsets the row max by 8 for P <= 1; here P may
-/// reach `2^RESCALE_THRESHOLD_LOG2` under lazy rescaling, so 8 less that). The row sums
-/// carry the same factor, which cancels in O; the LSE takes it out.
-pub const P_EXP2_OFFSET: f32 = 8.0 - crate::fa3::RESCALE_THRESHOLD_LOG2;
+/// The probabilities enter the PV GEMM as `P · 2^P_EXP2_OFFSET` (at most 256), in e4m3's
+/// range instead of its subnormals, as FlashAttention-3 does. The FP8 kernels keep each
+/// row's exact running max (no lazy rescaling), so a row's largest weight is exactly 256.
+/// The row sums carry the same factor, which cancels in O; the LSE takes it out.
+pub const P_EXP2_OFFSET: f32 = 8.0;
 
 /// Keys per row of a transposed V (`[b, h_k, d, vt_len(seqlen_k)]`): a whole number of
 /// k-steps, so that the permuted groups are complete and rows are 16-byte aligned.

@@ -63,14 +63,16 @@ impl OnlineSoftmax {
     /// accumulator stays as it is.
     #[inline(always)]
     pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32) -> Option<[f32; 2]> {
-        self.update_offset(s, scale_log2, 0.0)
+        self.update_offset(s, scale_log2, 0.0, LAZY_RESCALE)
     }
 
     /// [`Self::update`] with the probabilities (and so the row sums) times
     /// `2^offset_log2`: `exp2((s - max) * scale_log2 + offset_log2)`, one FMA as before
-    /// (the FP8 forward's P, moved into e4m3's normal range).
+    /// (the FP8 forward's P, moved into e4m3's normal range), and lazy rescaling only
+    /// when `lazy` (the FP8 forward keeps the exact max: with e4m3's 3 mantissa bits, a
+    /// row's largest weight rounded away from a power of two costs up to 6%).
     #[inline(always)]
-    pub fn update_offset<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32, offset_log2: f32) -> Option<[f32; 2]> {
+    pub fn update_offset<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32, offset_log2: f32, lazy: bool) -> Option<[f32; 2]> {
         let mut m = self.row_max;
         for (r, m) in m.iter_mut().enumerate() {
             for f in s.iter() {
@@ -79,8 +81,9 @@ impl OnlineSoftmax {
             *m = quad_max(*m);
         }
         // `-inf` old maxima always move (to any finite max); `-inf` new maxima never do.
-        let grows = |r: usize| m[r] * scale_log2 > fma(self.row_max[r], scale_log2, RESCALE_THRESHOLD_LOG2);
-        let alpha = if !LAZY_RESCALE || vote_any(grows(0) || grows(1)) {
+        let threshold = if lazy { RESCALE_THRESHOLD_LOG2 } else { 0.0 };
+        let grows = |r: usize| m[r] * scale_log2 > fma(self.row_max[r], scale_log2, threshold);
+        let alpha = if vote_any(grows(0) || grows(1)) {
             let mut alpha = [1.0f32; 2];
             for r in 0..2 {
                 // A row that had no key yet has a zero sum and accumulator: any finite factor works.

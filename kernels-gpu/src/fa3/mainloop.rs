@@ -236,9 +236,9 @@ impl<K: KernelTraits> Steps<'_, K> {
             if let Some(k) = descale::k_block(self.p, self.tile, self.top - 1 - i) {
                 s.scale(k);
             }
-            return s.softmax_update(sm, self.scale_log2, common::fp8::P_EXP2_OFFSET);
+            return s.softmax_update(sm, self.scale_log2, common::fp8::P_EXP2_OFFSET, false);
         }
-        s.softmax_update(sm, self.p.scale_log2, 0.0)
+        s.softmax_update(sm, self.p.scale_log2, 0.0, crate::softmax::LAZY_RESCALE)
     }
 }
 

@@ -103,9 +103,9 @@ pub trait FragTile: Copy {
     fn mask_columns_outside(&mut self, col_2t: i32, first: [i32; 2], end: [i32; 2]);
     /// Multiplies every element by `f`.
     fn scale(&mut self, f: f32);
-    /// Folds the tile into the running statistics (see [`OnlineSoftmax::update`]);
+    /// Folds the tile into the running statistics (see [`OnlineSoftmax::update_offset`]);
     /// the probabilities come out times `2^offset_log2`.
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, offset_log2: f32) -> Option<[f32; 2]>;
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, offset_log2: f32, lazy: bool) -> Option<[f32; 2]>;
 }
 
 impl<const N: usize> FragTile for [Frag; N] {
@@ -143,8 +143,8 @@ impl<const N: usize> FragTile for [Frag; N] {
         }
     }
     #[inline(always)]
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, offset_log2: f32) -> Option<[f32; 2]> {
-        softmax.update_offset(self, scale_log2, offset_log2)
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, offset_log2: f32, lazy: bool) -> Option<[f32; 2]> {
+        softmax.update_offset(self, scale_log2, offset_log2, lazy)
     }
 }
 
