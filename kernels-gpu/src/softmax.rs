@@ -63,22 +63,26 @@ impl OnlineSoftmax {
     /// accumulator stays as it is.
     #[inline(always)]
     pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32) -> Option<[f32; 2]> {
-        self.update_offset(s, scale_log2, 0.0, LAZY_RESCALE)
+        self.update_offset(s, scale_log2, 1.0, 0.0, LAZY_RESCALE)
     }
 
-    /// [`Self::update`] with the probabilities (and so the row sums) times
-    /// `2^offset_log2`: `exp2((s - max) * scale_log2 + offset_log2)`, one FMA as before
-    /// (the FP8 forward's P, moved into e4m3's normal range), and lazy rescaling only
-    /// when `lazy` (the FP8 forward keeps the exact max: with e4m3's 3 mantissa bits, a
-    /// row's largest weight rounded away from a power of two costs up to 6%).
+    /// [`Self::update`] for the scores `s · s_factor` (`s_factor > 0`: the block's
+    /// maxima are the raw ones times it, and it joins the `exp2` argument's scale, so it
+    /// costs per row, not per score: FP8's per-block K factors), with the probabilities
+    /// (and so the row sums) times `2^offset_log2`: `exp2((s·s_factor - max) * scale_log2
+    /// + offset_log2)`, one FMA as before (the FP8 forward's P, moved into e4m3's normal
+    /// range), and lazy rescaling only when `lazy` (the FP8 forward keeps the exact max:
+    /// with e4m3's 3 mantissa bits, a row's largest weight rounded away from a power of
+    /// two costs up to 6%). The 16-bit kernels pass 1 and 0, which fold away.
     #[inline(always)]
-    pub fn update_offset<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32, offset_log2: f32, lazy: bool) -> Option<[f32; 2]> {
+    pub fn update_offset<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32, s_factor: f32, offset_log2: f32, lazy: bool) -> Option<[f32; 2]> {
         let mut m = self.row_max;
         for (r, m) in m.iter_mut().enumerate() {
+            let mut block = f32::NEG_INFINITY;
             for f in s.iter() {
-                *m = fmax(*m, fmax(f[2 * r], f[2 * r + 1]));
+                block = fmax(block, fmax(f[2 * r], f[2 * r + 1]));
             }
-            *m = quad_max(*m);
+            *m = fmax(*m, quad_max(block) * s_factor);
         }
         // `-inf` old maxima always move (to any finite max); `-inf` new maxima never do.
         let threshold = if lazy { RESCALE_THRESHOLD_LOG2 } else { 0.0 };
@@ -97,12 +101,13 @@ impl OnlineSoftmax {
         } else {
             None
         };
+        let step_scale = scale_log2 * s_factor;
         for r in 0..2 {
             let m_scaled = scaled_max(self.row_max[r], scale_log2) - offset_log2;
             let mut sum = 0.0f32;
             for f in s.iter_mut() {
                 for e in 0..2 {
-                    let p = exp2(fma(f[2 * r + e], scale_log2, -m_scaled));
+                    let p = exp2(fma(f[2 * r + e], step_scale, -m_scaled));
                     f[2 * r + e] = p;
                     sum += p;
                 }

@@ -1,7 +1,8 @@
 //! The FP8 forward's dequantization factors (`common::fp8`): Q's and, per (batch, head),
-//! K's fold into the softmax's scale of a tile; K's per-block factors scale S before the
-//! softmax; V's fold into O: per (batch, head) once at the end, per block by keeping O in
-//! units of the last block's factor and converting it, with the softmax's rescale, before
+//! K's fold into the softmax's scale of a tile; K's per-block factors scale a block's
+//! row maxima and its `exp2` argument's scale (`OnlineSoftmax::update_offset`); V's fold
+//! into O: per (batch, head) once at the end, per block by keeping O in units of the last
+//! block's factor and converting it, with the softmax's rescale, before
 //! each PV. The 16-bit kernels read none of this (the `K::FP8` branches fold away).
 use super::scheduler::Tile;
 use super::traits::KernelTraits;
@@ -29,7 +30,7 @@ pub fn tile_scales<K: KernelTraits>(p: &FwdParams, tile: &Tile) -> (f32, f32) {
     (p.scale_log2 * q * k, p.softmax_scale * q * k)
 }
 
-/// K's factor of key block `block` when K has one per block (it then multiplies S).
+/// K's factor of key block `block` when K has one per block (it then scales S).
 #[inline(always)]
 pub fn k_block(p: &FwdParams, tile: &Tile, block: u32) -> Option<f32> {
     (p.fp8.k.block_stride != 0).then(|| load(&p.fp8.k, tile.batch, tile.head_k, block))
@@ -54,7 +55,7 @@ impl VUnit {
             return alpha;
         }
         let v = load(&p.fp8.v, tile.batch, tile.head_k, block);
-        let ratio = self.0 / v;
+        let ratio = self.0 * crate::ptx::math::rcp(v);
         self.0 = v;
         // Uniform over the warpgroup (one block, one factor).
         if ratio == 1.0 {

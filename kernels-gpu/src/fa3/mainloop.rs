@@ -233,12 +233,12 @@ impl<K: KernelTraits> Steps<'_, K> {
             self.mask.apply_with(self.p, s, col_2t);
         }
         if K::FP8 {
-            if let Some(k) = descale::k_block(self.p, self.tile, self.top - 1 - i) {
-                s.scale(k);
-            }
-            return s.softmax_update(sm, self.scale_log2, common::fp8::P_EXP2_OFFSET, false);
+            // K's per-block factor scales this block's scores (1 with per-head factors,
+            // which are in `scale_log2`).
+            let k = descale::k_block(self.p, self.tile, self.top - 1 - i).unwrap_or(1.0);
+            return s.softmax_update(sm, self.scale_log2, k, common::fp8::P_EXP2_OFFSET, false);
         }
-        s.softmax_update(sm, self.p.scale_log2, 0.0, crate::softmax::LAZY_RESCALE)
+        s.softmax_update(sm, self.p.scale_log2, 1.0, 0.0, crate::softmax::LAZY_RESCALE)
     }
 }
 
