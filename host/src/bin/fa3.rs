@@ -394,9 +394,10 @@ fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
     if !a.hdim.is_power_of_two() || a.heads == 0 || a.block_m == 0 || a.block_n == 0 {
         return Err(CliError::Usage("--hdim must be a power of two; --heads, --block-m, --block-n positive".into()));
     }
-    let gpu = Gpu::new(a.device).map_err(|e| eprintln!("fp16 kernel row skipped: {e}")).ok();
-    println!("| seqlen | fp16 naive (CPU) | fp16 kernel (GPU) | FP8 per tensor | FP8 blocks | FP8 blocks + incoherent | per tensor / incoherent |");
-    println!("|---|---|---|---|---|---|---|");
+    let gpu = Gpu::new(a.device).map_err(|e| eprintln!("GPU columns skipped: {e}")).ok();
+    println!("CPU emulation: blocks of {} query rows and {} keys; the FP8 kernel: its own tiles (bf16 inputs)", a.block_m, a.block_n);
+    println!("| seqlen | fp16 naive (CPU) | fp16 kernel (GPU) | FP8 per tensor | FP8 blocks | FP8 blocks + incoherent | per tensor / incoherent | FP8 kernel: per tensor | blocks | blocks + incoherent | per tensor / incoherent |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for &s in &a.seqlens.0 {
         let mut r = rng(a.seed);
         let shape = [1, s, a.heads, a.hdim];
@@ -418,8 +419,15 @@ fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
             None => "-".into(),
         };
         let acc = fp8_accuracy(&q, &k, &v, &exact, a.block_m, a.block_n, &mut r);
+        let fp8_kernel = match &gpu {
+            Some(g) if flash_attn3::fp8::HEAD_DIMS.contains(&(a.hdim as u32)) => {
+                let [b, c, d] = fp8_kernel_rmse(g, [&q, &k, &v], &exact, a.seed)?;
+                format!("{b:.2e} | {c:.2e} | {d:.2e} | {:.2}", b / d)
+            }
+            _ => "- | - | - | -".into(),
+        };
         println!(
-            "| {s} | {naive:.2e} | {kernel} | {:.2e} | {:.2e} | {:.2e} | {:.2} |",
+            "| {s} | {naive:.2e} | {kernel} | {:.2e} | {:.2e} | {:.2e} | {:.2} | {fp8_kernel} |",
             acc.per_tensor,
             acc.blocks,
             acc.blocks_incoherent,
@@ -427,6 +435,55 @@ fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
         );
     }
     Ok(())
+}
+
+/// The accuracy experiment's three FP8 configurations on the GPU (RMSE of O against
+/// `exact`): Q, K, V rounded to bf16 (a caller's tensors), then (b) one factor per tensor
+/// (quantized on the host, given as per-head factors of one value), (c) block factors
+/// from the quantization kernel, (d) the same after incoherent processing of Q and K.
+fn fp8_kernel_rmse(gpu: &Gpu, [q, k, v]: [&HostTensor; 3], exact: &[f64], seed: u64) -> CliResult<[f64; 3]> {
+    use flash_attn3::fp8::{
+        Descale, DescaleKind, Fp8Descales, Fp8Layout, Fp8Options, Fp8Tensor, QuantizeOptions, Role, flash_attn_fp8, hadamard_signs, quantize_fp8,
+        transpose_v_codes,
+    };
+    use flash_attn3::reference::fp8::{Granularity, e4m3_code, quantize, rmse};
+    let stream = gpu.new_stream()?;
+    let bf = |t: &HostTensor| HostTensor::new(t.shape, t.data.iter().map(|&x| flash_attn3::round_to(DType::BF16, x)).collect());
+    let (q, k, v) = (bf(q), bf(k), bf(v));
+    let [b, _, _, d] = q.shape;
+    let hk = k.shape[2];
+    let opts = Fp8Options::default();
+    let run = |qt: &Fp8Tensor, kt: &Fp8Tensor, vt: &Fp8Tensor, s: Fp8Descales| -> CliResult<f64> {
+        let out = flash_attn_fp8(gpu, &stream, qt, kt, vt, &s, &opts)?;
+        Ok(rmse(&out.out.to_f32(&stream)?, exact))
+    };
+    // (b) One factor per tensor.
+    let codes = |t: &HostTensor| {
+        let qz = quantize(t, Granularity::PerTensor);
+        (qz.values.data.iter().map(|&x| e4m3_code(x / qz.scales[0])).collect::<Vec<u8>>(), qz.scales[0])
+    };
+    let ((qc, qs), (kc, ks), (vc, vs)) = (codes(&q), codes(&k), codes(&v));
+    let per_head = |arg, x: f32| Descale::from_host(&stream, arg, &vec![x; b * hk], DescaleKind::PerHead);
+    let (dq, dk, dv) = (per_head(flash_attn3::Arg::QDescale, qs)?, per_head(flash_attn3::Arg::KDescale, ks)?, per_head(flash_attn3::Arg::VDescale, vs)?);
+    let per_tensor = run(
+        &Fp8Tensor::from_codes(&stream, &qc, q.shape, Fp8Layout::Bshd)?,
+        &Fp8Tensor::from_codes(&stream, &kc, k.shape, Fp8Layout::Bshd)?,
+        &Fp8Tensor::from_codes(&stream, &transpose_v_codes(&vc, v.shape), v.shape, Fp8Layout::VTransposed)?,
+        Fp8Descales { q: &dq, k: &dk, v: &dv },
+    )?;
+    // (c), (d) Block factors from the quantization kernel, without and with the transform.
+    let dev = |t: &HostTensor| DeviceTensor::from_f32(&stream, DType::BF16, t.shape, &t.data);
+    let (qd, kd, vd) = (dev(&q)?, dev(&k)?, dev(&v)?);
+    let signs = hadamard_signs(&stream, d, seed)?;
+    let mut blocks = [0.0; 2];
+    for (i, incoherent) in [false, true].into_iter().enumerate() {
+        let o = |role| if incoherent && role != Role::V { QuantizeOptions::new(role).hadamard(&signs) } else { QuantizeOptions::new(role) };
+        let q8 = quantize_fp8(gpu, &stream, &qd.as_ref(), &o(Role::Q))?;
+        let k8 = quantize_fp8(gpu, &stream, &kd.as_ref(), &o(Role::K))?;
+        let v8 = quantize_fp8(gpu, &stream, &vd.as_ref(), &o(Role::V))?;
+        blocks[i] = run(&q8.tensor, &k8.tensor, &v8.tensor, Fp8Descales { q: &q8.scales, k: &k8.scales, v: &v8.scales })?;
+    }
+    Ok([per_tensor, blocks[0], blocks[1]])
 }
 
 fn cmd_info(InfoArgs { device }: InfoArgs) -> CliResult<()> {
