@@ -16,9 +16,9 @@
 use crate::fa3::{KernelConfig, TMA_PARAM_BYTES, Techniques};
 use crate::{Algo, DType, KernelEntry, KernelKind, Strides};
 
-/// Head dimensions with an FP8 forward kernel. hdim 64's rows are 64 bytes of e4m3, which
-/// needs the 64-byte swizzle the kernels do not have yet.
-pub const HEAD_DIMS: [u32; 2] = [128, 256];
+/// Head dimensions with an FP8 forward kernel (hdim 64's Q and K rows are 64 bytes: the
+/// 64-byte swizzle).
+pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
 /// Query rows per CTA (two consumer warpgroups) and per Q scale block.
 pub const BLOCK_M: u32 = 128;
 /// Keys per K/V block and per K/V scale block at a head dim: 128, but 64 at hdim 256,
@@ -95,6 +95,8 @@ pub struct Fp8Descales {
 macro_rules! fp8_kernel_table {
     ($callback:ident) => {
         $callback! {
+            fa3_fp8_hdim64_bf16 => BF16, hdim 64, keys 128;
+            fa3_fp8_hdim64_f16 => F16, hdim 64, keys 128;
             fa3_fp8_hdim128_bf16 => BF16, hdim 128, keys 128;
             fa3_fp8_hdim128_f16 => F16, hdim 128, keys 128;
             fa3_fp8_hdim256_bf16 => BF16, hdim 256, keys 64;
@@ -246,7 +248,7 @@ mod tests {
             assert_eq!(l.q.stage_bytes, BLOCK_M * k.hdim);
             assert_eq!(l.o.bytes, BLOCK_M * k.hdim * 2);
         }
-        assert!(find(128, DType::BF16).is_some() && find(64, DType::BF16).is_none());
+        assert!(find(128, DType::BF16).is_some() && find(64, DType::F16).is_some() && find(32, DType::BF16).is_none());
         for k in KERNELS {
             assert_eq!(k.block_n, block_n(k.hdim), "{}", k.name);
             assert_eq!(k.block_n % K_STEP, 0, "{}: P needs whole k32 steps", k.name);

@@ -480,7 +480,8 @@ pub fn plan_fp8(
     if tile_counter.is_some() && opts.causal {
         params.section_log2 = section_log2(b * hq, hq / hk, sk, d);
     }
-    let chunks = (d / 128) as u32;
+    // 128-byte chunks of e4m3 (one 64-byte chunk at hdim 64).
+    let chunks = d.div_ceil(128) as u32;
     let tma = [
         TensorMapSpec::bshd(Arg::Q, TmaElem::E4M3, q.addr, &Layout::contiguous(q.shape), fp8::BLOCK_M, chunks)?,
         TensorMapSpec::bshd(Arg::K, TmaElem::E4M3, k.addr, &Layout::contiguous(k.shape), block_n as u32, chunks)?,
@@ -500,7 +501,7 @@ pub fn plan_fp8(
 
 /// FP8 attention `softmax(scale · Q Kᵀ) V` on e4m3 inputs with their dequantization
 /// factors, on `stream`, into a fresh O (`opts.out_dtype`, `[batch, seqlen_q, heads_q,
-/// hdim]`) and LSE. hdim 128 or 256; causal or not; GQA/MQA. Nothing is modified but
+/// hdim]`) and LSE. hdim 64, 128 or 256; causal or not; GQA/MQA. Nothing is modified but
 /// the returned tensors.
 pub fn flash_attn_fp8(
     gpu: &Gpu,
@@ -624,9 +625,9 @@ mod tests {
         // Too few factors.
         let short = [blocks(128, 16), blocks(128, 15), blocks(128, 16)];
         assert!(matches!(plan(shape, shape, short, &Fp8Options::default()), Err(AttnError::OutOfBounds { arg: Arg::KDescale, needed: 16, len: 15 })));
-        // hdim 64 has no FP8 kernel.
-        let s64 = [1, 512, 4, 64];
-        assert!(matches!(plan(s64, s64, ok(), &Fp8Options::default()), Err(AttnError::UnsupportedHeadDim { hdim: 64, .. })));
+        // hdim 32 has no FP8 kernel.
+        let s32 = [1, 512, 4, 32];
+        assert!(matches!(plan(s32, s32, ok(), &Fp8Options::default()), Err(AttnError::UnsupportedHeadDim { hdim: 32, .. })));
         // V not transposed.
         let r = plan_fp8(
             &desc(shape, Fp8Layout::Bshd),

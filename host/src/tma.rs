@@ -69,7 +69,8 @@ impl TensorMapSpec {
     pub fn bshd(arg: Arg, elem: impl Into<TmaElem>, addr: u64, layout: &Layout, rows: u32, chunks: u32) -> Result<Self> {
         let elem = elem.into();
         let bytes = elem.bytes() as u64;
-        let chunk = 128 / bytes;
+        // 128-byte chunks, or one of 64 bytes for e4m3 rows of 64.
+        let chunk = (128 / bytes).min(layout.shape[3] as u64);
         let [b, s, h, d] = layout.shape.map(|x| x as u64);
         let [bs, rs, hs, _] = layout.strides.map(|x| x as u64 * bytes);
         debug_assert!(d % chunk == 0 && chunks as u64 <= d / chunk);
@@ -80,7 +81,7 @@ impl TensorMapSpec {
             dims: [chunk, s, d / chunk, h, b],
             strides: [rs, 128, hs, bs],
             box_dims: [chunk as u32, rows, chunks, 1, 1],
-            swizzle: 128,
+            swizzle: (chunk * bytes) as u32,
         })
     }
 

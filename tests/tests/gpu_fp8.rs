@@ -125,7 +125,7 @@ impl Case {
 fn cases() -> Vec<Case> {
     let base = Case { out: DType::BF16, d: 128, b: 2, sq: 1000, sk: 777, hq: 4, hk: 2, causal: false, scales: Scales::Blocks };
     let mut v = Vec::new();
-    for d in [128, 256] {
+    for d in [64, 128, 256] {
         for causal in [false, true] {
             for scales in [Scales::PerHead, Scales::Blocks, Scales::BlocksIncoherent] {
                 v.push(Case { d, causal, scales, ..base });

@@ -171,12 +171,17 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         check: do_check,
         backward,
         deterministic,
+        incoherent,
         seed,
         device,
         kernel,
     } = a;
-    if dtype == Some(cli::DtypeArg::E4m3) {
-        return Err(CliError::Io("run --dtype e4m3 is not available yet: use `bench --dtype e4m3` (the FP8 forward) or `fp8-accuracy`".into()));
+    let fp8 = dtype == Some(cli::DtypeArg::E4m3);
+    if fp8 && (backward || variants.softcap.is_some() || variants.alibi || variants.window.is_some() || variants.sinks.is_some()) {
+        return Err(CliError::Usage("--dtype e4m3 runs the FP8 forward: no --backward, --softcap, --alibi, --window or --sinks".into()));
+    }
+    if incoherent && !fp8 {
+        return Err(CliError::Usage("--incoherent applies to --dtype e4m3".into()));
     }
     let dtype: DType = dtype.map_or(DType::BF16, DType::from);
     let seed = seed.unwrap_or_else(clock_seed);
@@ -184,6 +189,9 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
 
     let gpu = match Gpu::new(device) {
         Ok(g) => g,
+        Err(e @ (AttnError::NoDriver | AttnError::NoDevice { .. } | AttnError::UnsupportedGpu { .. })) if fp8 => {
+            return Err(CliError::Usage(format!("no usable GPU ({e}): the FP8 forward runs on the GPU only")));
+        }
         Err(e @ (AttnError::NoDriver | AttnError::NoDevice { .. } | AttnError::UnsupportedGpu { .. })) => {
             println!("no usable GPU ({e}); computing a small case on the CPU reference instead (NOT a GPU result)");
             return cpu_demo(causal, &variants, seed, backward);
@@ -212,6 +220,9 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     };
     let info = gpu.info();
     eprintln!("GPU {}: {} (sm_{}{}, {} SMs)", info.ordinal, info.name, info.major, info.minor, info.sm_count);
+    if fp8 {
+        return run_fp8(&gpu, &inputs, causal, scale, incoherent, seed, output.as_deref(), do_check);
+    }
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
@@ -277,6 +288,73 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
                 passed &= report.passed();
             }
         }
+        if !passed {
+            return Err(CliError::CheckFailed);
+        }
+    }
+    Ok(())
+}
+
+/// `run --dtype e4m3`: the inputs (16-bit) quantized on the GPU with block factors (after
+/// incoherent processing of Q and K when `incoherent`), the FP8 forward, O in the inputs'
+/// dtype. `--check` reports the error against the f64 attention of the unquantized inputs,
+/// and holds the kernel to the 2x rule against the naive FP8 implementation of the same
+/// e4m3 inputs (`reference::fp8::attention_fp8_naive`).
+#[allow(clippy::too_many_arguments)]
+fn run_fp8(gpu: &Gpu, inputs: &Inputs, causal: bool, scale: Option<f32>, incoherent: bool, seed: u64, output: Option<&Path>, do_check: bool) -> CliResult<()> {
+    use flash_attn3::fp8::{Fp8Descales, Fp8Options, QuantizeOptions, Role, block_rows, flash_attn_fp8, hadamard_signs, quantize_fp8};
+    use flash_attn3::reference::fp8::{Granularity, Hadamard, attention_fp8_naive, quantize, rmse};
+    let stream = gpu.new_stream()?;
+    let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
+    let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
+    let [b, s, h, d] = inputs.q.shape;
+    let signs = hadamard_signs(&stream, d, seed)?;
+    let qopts = |role| if incoherent && role != Role::V { QuantizeOptions::new(role).hadamard(&signs) } else { QuantizeOptions::new(role) };
+    let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let opts = Fp8Options::default().causal(causal).softmax_scale(scale).out_dtype(inputs.dtype);
+    let t0 = Instant::now();
+    let (q8, k8, v8) = (
+        quantize_fp8(gpu, &stream, &q.as_ref(), &qopts(Role::Q))?,
+        quantize_fp8(gpu, &stream, &k.as_ref(), &qopts(Role::K))?,
+        quantize_fp8(gpu, &stream, &v.as_ref(), &qopts(Role::V))?,
+    );
+    let res = flash_attn_fp8(gpu, &stream, &q8.tensor, &k8.tensor, &v8.tensor, &Fp8Descales { q: &q8.scales, k: &k8.scales, v: &v8.scales }, &opts)?;
+    stream.synchronize().map_err(AttnError::from)?;
+    let elapsed = t0.elapsed();
+    let o = res.out.to_f32(&stream)?;
+    let lse = stream.clone_dtoh(&res.lse).map_err(AttnError::from)?;
+    println!(
+        "computed O {b}x{s}x{h}x{d} {} from e4m3 Q, K, V (block factors{}) and LSE on the GPU in {:.2} ms (quantization and first call, includes launches)",
+        inputs.dtype.name(),
+        if incoherent { ", incoherent processing" } else { "" },
+        elapsed.as_secs_f64() * 1e3
+    );
+    if let Some(path) = output {
+        let named = [Named("o", inputs.q.shape.to_vec(), Some(inputs.dtype), &o), Named("lse", vec![b, h, s], None, &lse)];
+        write_safetensors(path, &named)?;
+        println!("wrote o, lse to {}", path.display());
+    }
+    if do_check {
+        eprintln!("checking against the CPU references (f64 of the unquantized inputs; f64 and naive FP8 of the e4m3 inputs)...");
+        let exact = attention_f64(&Problem::plain(&inputs.q, &inputs.k, &inputs.v, causal, scale));
+        let max_err = o.iter().zip(&exact.o).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+        println!("error against f64 of the unquantized inputs: RMSE {:.3e}, max {max_err:.3e}", rmse(&o, &exact.o));
+        // The e4m3 values the kernel saw: the CPU quantization gives the GPU's codes.
+        let h_t = Hadamard::from_signs(stream.clone_dtoh(&signs).map_err(AttnError::from)?);
+        let (qi, ki) = if incoherent { (h_t.apply(&inputs.q), h_t.apply(&inputs.k)) } else { (inputs.q.clone(), inputs.k.clone()) };
+        let g = |role| Granularity::Blocks { rows: block_rows(role, d) };
+        let (q8h, k8h, v8h) = (quantize(&qi, g(Role::Q)).values, quantize(&ki, g(Role::K)).values, quantize(&inputs.v, g(Role::V)).values);
+        let p = Problem::plain(&q8h, &k8h, &v8h, causal, scale);
+        let (exact8, naive) = (attention_f64(&p), attention_fp8_naive(&p, inputs.dtype));
+        let err = |got: &[f32], want: &[f64]| got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+        let (o_err, o_naive) = (err(&o, &exact8.o), err(&naive.o, &exact8.o));
+        let (l_err, l_naive) = (err(&lse, &exact8.lse), err(&naive.lse, &exact8.lse));
+        let passed = flash_attn3::reference::within_budget(o_err, o_naive, flash_attn3::check::O_SLACK)
+            && flash_attn3::reference::within_budget(l_err, l_naive, flash_attn3::check::LSE_SLACK);
+        println!(
+            "check (the e4m3 inputs): max |O - O_f64| = {o_err:.3e} (naive FP8 {o_naive:.3e}); max |LSE - LSE_f64| = {l_err:.3e} (naive {l_naive:.3e}): {}",
+            if passed { "PASS" } else { "FAIL" }
+        );
         if !passed {
             return Err(CliError::CheckFailed);
         }

@@ -29,7 +29,7 @@ use crate::ptx::{math, mma};
 use crate::softmax::OnlineSoftmax;
 use common::FwdParams;
 use common::fa3::KV_STAGES;
-use common::gmma::{desc_add, k_major_k_step, k_major_sw128, sw128_offset};
+use common::gmma::{desc_add, sw128_offset};
 
 /// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
 pub type QFrags = [[u32; 4]; 8];
@@ -117,8 +117,8 @@ pub struct Operands {
 
 impl Operands {
     #[inline(always)]
-    fn k_desc(&self, st: PipelineState<KV_STAGES>) -> u64 {
-        k_major_sw128(self.k.slot(st.index()).0)
+    fn k_desc<K: KernelTraits>(&self, st: PipelineState<KV_STAGES>) -> u64 {
+        K::qk_desc(self.k.slot(st.index()).0)
     }
 
     #[inline(always)]
@@ -133,11 +133,11 @@ impl Operands {
 fn qk<K: KernelTraits>(s: &mut K::Scores, q: &QFrags, q_desc: u64, k_desc: u64) {
     if K::Q_IN_REGISTERS {
         for kk in 0..8u32 {
-            K::Element::qk_rs(s, q[kk as usize], desc_add(k_desc, k_major_k_step(K::BLOCK_N, kk)), kk > 0);
+            K::Element::qk_rs(s, q[kk as usize], desc_add(k_desc, K::qk_k_step(K::BLOCK_N, kk)), kk > 0);
         }
     } else {
         for kk in 0..K::HDIM / K::Element::K_STEP {
-            let (q_step, k_step) = (k_major_k_step(K::BLOCK_M, kk), k_major_k_step(K::BLOCK_N, kk));
+            let (q_step, k_step) = (K::qk_k_step(K::BLOCK_M, kk), K::qk_k_step(K::BLOCK_N, kk));
             K::Element::qk_ss(s, desc_add(q_desc, q_step), desc_add(k_desc, k_step), kk > 0);
         }
     }
@@ -301,7 +301,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         self.ops.k.consumer_wait(*self.rings.k_state);
         self.pingpong.begin();
         self.regs.fence_operands();
-        let k_desc = self.ops.k_desc(*self.rings.k_state);
+        let k_desc = self.ops.k_desc::<K>(*self.rings.k_state);
         gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, self.ops.q_desc, k_desc));
         self.pingpong.end();
         gemm::wait::<0>(&mut self.regs.s);
@@ -318,7 +318,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         ops.k.consumer_wait(*self.rings.k_state);
         self.pingpong.begin();
         self.regs.fence_operands();
-        let k_desc = ops.k_desc(*self.rings.k_state);
+        let k_desc = ops.k_desc::<K>(*self.rings.k_state);
         gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, ops.q_desc, k_desc));
         let alpha = self.before_pv(i - 1, alpha);
         self.regs.o.rescale(alpha);

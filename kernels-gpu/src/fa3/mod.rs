@@ -37,7 +37,6 @@ use crate::ptx::smem::SmemAddr;
 use crate::ptx::{barrier, cluster, fence, mbarrier, regs, sreg};
 use common::FwdParams;
 use common::fa3::{KV_STAGES, TensorMapSlot};
-use common::gmma::{k_major_sw128, sw128_rows};
 use mainloop::{Operands, PingPong};
 use pipeline::{CountState, PipelineState};
 use producer::Loader;
@@ -146,7 +145,7 @@ impl Consumer {
         let q = self.storage.q;
         let o_shares_q = self.storage.o_shares_q;
         let ops = Operands {
-            q_desc: k_major_sw128(q.slot(0).add(sw128_rows(K::BLOCK_M, 0, wg * WARPGROUP_ROWS)).0),
+            q_desc: K::qk_desc(q.slot(0).add(K::qk_rows(K::BLOCK_M, wg * WARPGROUP_ROWS)).0),
             k: self.storage.k,
             v: self.storage.v,
             // With Q in registers, Q is released once loaded (below), not after the last QK.

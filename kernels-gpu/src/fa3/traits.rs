@@ -10,6 +10,7 @@ use crate::ptx::regs::RegisterCount;
 use crate::ptx::wgmma::{WgmmaAcc, fence_a_operand};
 use crate::softmax::{Frag, OnlineSoftmax, mask_columns, mask_columns_outside};
 use common::fa3::{KernelConfig, SmemLayout};
+use common::gmma::{k_major_k_step, k_major_sw64, k_major_sw128, sw128_rows};
 use core::marker::PhantomData;
 
 /// Threads of a warpgroup (four warps: the unit that issues a WGMMA).
@@ -70,6 +71,27 @@ pub trait KernelTraits: Copy + 'static {
     const CHUNKS: u32 = Self::HDIM / 64;
     /// e4m3 operands (`common::fp8`): descales, P offset into e4m3's range, V transposed.
     const FP8: bool = Self::CONFIG.fp8;
+    /// Bytes of a Q or K row's swizzle span: 128, or 64 for 64-byte rows (e4m3 at
+    /// hdim 64), laid out by TMA's `SWIZZLE_64B`.
+    const QK_SPAN: u32 = if Self::HDIM * <Self::Element as Operand>::BYTES >= 128 { 128 } else { 64 };
+
+    /// The descriptor of a K-major Q or K tile at `addr`.
+    #[inline(always)]
+    fn qk_desc(addr: u32) -> u64 {
+        if Self::QK_SPAN == 64 { k_major_sw64(addr) } else { k_major_sw128(addr) }
+    }
+
+    /// Byte offset of k-step `kk` in a Q or K tile of `rows` rows.
+    #[inline(always)]
+    fn qk_k_step(rows: u32, kk: u32) -> u32 {
+        if Self::QK_SPAN == 64 { 32 * kk } else { k_major_k_step(rows, kk) }
+    }
+
+    /// Byte offset of row `row` (a multiple of 8) of a Q or K tile's first span.
+    #[inline(always)]
+    fn qk_rows(rows: u32, row: u32) -> u32 {
+        if Self::QK_SPAN == 64 { 64 * row } else { sw128_rows(rows, 0, row) }
+    }
 }
 
 /// The producer warpgroup's register count of a kernel (`setmaxnreg` takes an immediate).

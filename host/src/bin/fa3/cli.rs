@@ -83,6 +83,9 @@ pub struct RunArgs {
     /// Backward: the deterministic mode
     #[arg(long, requires = "backward")]
     pub deterministic: bool,
+    /// FP8 (`--dtype e4m3`): incoherent processing of Q and K before quantization
+    #[arg(long)]
+    pub incoherent: bool,
     /// Random seed [default: from the clock]
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -222,7 +225,7 @@ pub enum DtypeArg {
     /// bfloat16
     #[value(name = "bf16", alias = "bfloat16")]
     Bf16,
-    /// FP8 e4m3 Q, K, V with block scales, O in bf16 (`bench` only)
+    /// FP8: e4m3 Q, K, V with block factors (quantized on the GPU from bf16), O in bf16
     #[value(name = "e4m3", alias = "fp8")]
     E4m3,
 }
