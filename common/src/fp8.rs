@@ -173,7 +173,14 @@ pub struct QuantizeParams {
     /// Incoherent processing: device address of `hdim` f32 signs (±1); each row becomes
     /// `H · diag(signs) · x / sqrt(hdim)` before quantization. 0: none.
     pub signs: u64,
+    /// The V transpose (`fp8_transpose_v`): the head dim (its input is e4m3 `[b, s, h, d]`
+    /// at `src`, packed, its output the transposed V at `dst`).
+    pub hdim: u32,
 }
+
+/// Keys per CTA of the V transpose (grid `(vt_len(seqlen) / TRANSPOSE_KEYS, heads, batch)`,
+/// [`QUANTIZE_THREADS`] threads).
+pub const TRANSPOSE_KEYS: u32 = K_STEP;
 
 /// The quantization kernel table: `callback! { NAME => IN_DTYPE, hdim D; ... }`.
 #[macro_export]
@@ -189,6 +196,22 @@ macro_rules! fp8_quantize_table {
         }
     };
 }
+
+/// The V transpose's entry (e4m3 `[b, s, h, d]` to the FP8 forward's V layout).
+pub const TRANSPOSE_V: KernelEntry = KernelEntry {
+    name: "fp8_transpose_v",
+    algo: Algo::Fa3(Techniques::FULL),
+    kind: KernelKind::Fp8Quantize,
+    hdim: 0,
+    dtype: DType::BF16,
+    tma_param_bytes: 0,
+    launch_bounds: 0,
+    cluster: 1,
+    consumer_wgs: 0,
+    block_n: 0,
+    score_mod: crate::ScoreModKind::None,
+    mask: crate::MaskKind::Causal,
+};
 
 macro_rules! quantize_entries {
     ($($name:ident => $dtype:ident, hdim $hdim:literal;)*) => {
@@ -209,12 +232,21 @@ macro_rules! quantize_entries {
     };
 }
 
-/// The quantization kernels ([`fp8_quantize_table`]).
-pub const QUANTIZE_KERNELS: &[KernelEntry] = fp8_quantize_table!(quantize_entries);
+/// The quantization kernels ([`fp8_quantize_table`]) and the V transpose.
+pub const QUANTIZE_KERNELS: &[KernelEntry] = &{
+    const TABLE: &[KernelEntry] = fp8_quantize_table!(quantize_entries);
+    let mut all = [TRANSPOSE_V; TABLE.len() + 1];
+    let mut i = 0;
+    while i < TABLE.len() {
+        all[i] = TABLE[i];
+        i += 1;
+    }
+    all
+};
 
 /// The quantization kernel for a 16-bit input of head dim `hdim`.
 pub fn find_quantize(hdim: u32, input: DType) -> Option<&'static KernelEntry> {
-    QUANTIZE_KERNELS.iter().find(|k| k.hdim == hdim && k.dtype == input)
+    QUANTIZE_KERNELS.iter().find(|k| k.hdim == hdim && k.dtype == input && k.name != TRANSPOSE_V.name)
 }
 
 #[cfg(test)]

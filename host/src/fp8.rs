@@ -20,11 +20,12 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layouts: Q and K are e4m3 `[batch, seqlen, heads, hdim]`, packed; V is e4m3 and
+//! Layouts: Q and K are e4m3 `[batch, seqlen, heads, hdim]`, packed; the kernel reads V
 //! transposed, `[batch, heads_k, hdim, common::fp8::vt_len(seqlen_k)]` with the keys of
 //! every 16 permuted (`common::fp8::vt_position`), as [`quantize_fp8`] writes it for
 //! [`Role::V`]: FP8 tensor-core products read only K-major operands, and `P V` reduces
-//! over keys. Dequantization factors: one per (batch, head) (FlashAttention-3's
+//! over keys. A V in `[batch, seqlen, heads, hdim]` is accepted too and transposed first
+//! ([`transpose_v_fp8`], one extra pass). Dequantization factors: one per (batch, head) (FlashAttention-3's
 //! `q_descale`, `k_descale`, `v_descale`, `[batch, heads_k]`), or one per block of rows
 //! of the kernel's tiles (`[batch, heads, blocks]`: 128 query rows for Q, the key block
 //! of [`common::fp8::block_n`] for K and V).
@@ -324,6 +325,7 @@ pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts
             heads: h as u32,
             block_rows: rows as u32,
             signs,
+            hdim: d as u32,
         };
         launch_quantize(gpu, stream, kernel, (blocks as u32, h as u32, b as u32), params)?;
     }
@@ -331,6 +333,40 @@ pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts
         tensor: Fp8Tensor { data, shape: [b, s, h, d], layout },
         scales: Descale { factors, kind: DescaleKind::Blocks { rows } },
     })
+}
+
+/// e4m3 V `[batch, seqlen, heads, hdim]` (packed) rearranged as [`Fp8Layout::VTransposed`],
+/// on `stream`: what [`flash_attn_fp8`] does first when given V in `[b, s, h, d]` (one pass
+/// over V and an allocation per call; a V from [`quantize_fp8`] with [`Role::V`] is already
+/// transposed).
+pub fn transpose_v_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, v: &Fp8Tensor) -> Result<Fp8Tensor> {
+    if !Arc::ptr_eq(stream.context(), gpu.context()) {
+        return Err(AttnError::ForeignStream);
+    }
+    if v.layout != Fp8Layout::Bshd {
+        return Err(AttnError::Unsupported("transpose_v_fp8 takes v in [batch, seqlen, heads, hdim] (Fp8Layout::Bshd)".into()));
+    }
+    let [b, s, h, d] = v.shape;
+    if v.shape.contains(&0) {
+        return Err(AttnError::EmptyDim { arg: Arg::V, shape: v.shape });
+    }
+    let needed = Fp8Tensor::needed(v.shape, Fp8Layout::Bshd);
+    if v.data.len() < needed {
+        return Err(AttnError::OutOfBounds { arg: Arg::V, needed, len: v.data.len() });
+    }
+    if s > i32::MAX as usize / 2 || h > 65_535 || b > 65_535 {
+        return Err(AttnError::TooLarge(format!("v: shape {:?}", v.shape)));
+    }
+    // SAFETY: the kernel writes every byte of the layout, padding included.
+    let mut data = unsafe { stream.alloc::<u8>(Fp8Tensor::needed(v.shape, Fp8Layout::VTransposed)) }?;
+    {
+        let (src, _s) = v.data.device_ptr(stream);
+        let (dst, _d) = data.device_ptr_mut(stream);
+        let params = QuantizeParams { src, dst, batch: b as u32, seqlen: s as u32, heads: h as u32, hdim: d as u32, ..Default::default() };
+        let blocks = fp8::vt_len(s as u32) / fp8::TRANSPOSE_KEYS;
+        launch_quantize(gpu, stream, &fp8::TRANSPOSE_V, (blocks, h as u32, b as u32), params)?;
+    }
+    Ok(Fp8Tensor { data, shape: v.shape, layout: Fp8Layout::VTransposed })
 }
 
 fn launch_quantize(gpu: &Gpu, stream: &Arc<CudaStream>, k: &KernelEntry, grid: (u32, u32, u32), params: QuantizeParams) -> Result<()> {
@@ -400,7 +436,7 @@ pub fn plan_fp8(
         return Err(AttnError::Unsupported("q and k must be e4m3 [batch, seqlen, heads, hdim] (Fp8Layout::Bshd)".into()));
     }
     if v.layout != Fp8Layout::VTransposed {
-        return Err(AttnError::Unsupported("v must be transposed (Fp8Layout::VTransposed, as quantize_fp8 writes it for Role::V)".into()));
+        return Err(AttnError::Unsupported("the kernel's v is transposed (Fp8Layout::VTransposed: quantize_fp8 with Role::V, or transpose_v_fp8)".into()));
     }
     if bk != b || dk != d || v.shape != k.shape {
         return Err(AttnError::ShapeMismatch(format!("q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape)));
@@ -521,7 +557,8 @@ pub fn flash_attn_fp8(
 }
 
 /// As [`flash_attn_fp8`], into `out` (packed, q's shape, `opts.out_dtype`) and the first
-/// `batch * heads_q * seqlen_q` elements of `lse`: no allocation.
+/// `batch * heads_q * seqlen_q` elements of `lse`: no allocation (but for a V in
+/// `[b, s, h, d]`, transposed first by [`transpose_v_fp8`]).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_fp8_into(
     gpu: &Gpu,
@@ -536,6 +573,10 @@ pub fn flash_attn_fp8_into(
 ) -> Result<()> {
     if !Arc::ptr_eq(stream.context(), gpu.context()) {
         return Err(AttnError::ForeignStream);
+    }
+    if v.layout == Fp8Layout::Bshd {
+        let vt = transpose_v_fp8(gpu, stream, v)?;
+        return flash_attn_fp8_into(gpu, stream, q, k, &vt, scales, out, lse, opts);
     }
     if out.dtype() != opts.out_dtype {
         return Err(AttnError::ArgDType { arg: Arg::Out, expected: opts.out_dtype, got: out.dtype() });

@@ -148,6 +148,13 @@ macro_rules! quantize_entries {
 
 common::fp8_quantize_table!(quantize_entries);
 
+/// e4m3 V to the FP8 forward's layout (`common::fp8::TRANSPOSE_V`); grid
+/// `(vt_len(seqlen) / 32, heads, batch)`, `common::fp8::QUANTIZE_THREADS` threads.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn fp8_transpose_v(p: common::fp8::QuantizeParams) {
+    unsafe { quantize::transpose_v(p) }
+}
+
 /// The backward entry points, from `common::bwd_kernel_table`.
 macro_rules! bwd_entries {
     ($($name:ident => $dtype:ident, hdim $d:literal, $stage:ident, $score_mod:ident, $mask:ident;)*) => {$(

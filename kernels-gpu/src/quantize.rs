@@ -138,3 +138,33 @@ pub unsafe fn quantize<E: Element, const HDIM: u32, const PER_LANE: usize>(p: Qu
         row += warps;
     }
 }
+
+/// e4m3 V `[b, s, h, d]` (packed, `p.src`) rearranged as the FP8 forward reads it
+/// (`common::fp8::vt_position`, `p.dst`), for callers whose V is already e4m3: one CTA per
+/// 32 keys of a (head, batch), the padding keys written as zeros. Byte by byte: one pass
+/// over V, not tuned.
+///
+/// # Safety
+/// The host sized and validated both buffers.
+#[inline(always)]
+pub unsafe fn transpose_v(p: QuantizeParams) {
+    let (blk, head, batch) = (sreg::block_idx_x(), sreg::block_idx_y(), sreg::block_idx_z());
+    let (d, vt) = (p.hdim, vt_len(p.seqlen));
+    let key0 = blk * common::fp8::TRANSPOSE_KEYS;
+    let bh = batch as u64 * p.heads as u64 + head as u64;
+    let mut idx = sreg::thread_idx_x();
+    while idx < common::fp8::TRANSPOSE_KEYS * d {
+        let (key, col) = (key0 + idx / d.max(1), idx % d.max(1));
+        let byte = if key < p.seqlen {
+            // SAFETY: inside the host-checked packed input.
+            unsafe { global::ld_nc_u8(p.src + ((batch as u64 * p.seqlen as u64 + key as u64) * p.heads as u64 + head as u64) * d as u64 + col as u64) }
+        } else {
+            0
+        };
+        if key < vt {
+            // SAFETY: inside the host-sized transposed output.
+            unsafe { global::st_u8(p.dst + (bh * d as u64 + col as u64) * vt as u64 + vt_position(key) as u64, byte) };
+        }
+        idx += QUANTIZE_THREADS;
+    }
+}

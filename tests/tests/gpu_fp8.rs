@@ -262,6 +262,41 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     Ok(())
 }
 
+/// V given as e4m3 `[b, s, h, d]` is transposed on the GPU first: the result is the
+/// transposed V's, bit for bit, and the transposed codes are the host's.
+fn v_in_bshd_gives_the_transposed_v_result(gpu: &Gpu) -> Result<(), Failed> {
+    let stream = gpu.new_stream()?;
+    let (qs, ks) = ([2, 333, 4, 128], [2, 300, 2, 128]);
+    let mut r = rng(5);
+    let mut t = |shape| flash_attn3::reference::fp8::outlier_tensor(shape, 0.001, 10.0, &mut r);
+    let (q, k, v) = (t(qs), t(ks), t(ks));
+    let (kz, vz) = (quantize(&k, Granularity::PerHead), quantize(&v, Granularity::PerHead));
+    let v_codes = codes(&vz, Granularity::PerHead);
+    // Q's codes are its values rounded (factor 1): the comparison is between two layouts
+    // of V, not against a reference.
+    let q8 = Fp8Tensor::from_codes(&stream, &q.data.iter().map(|&x| e4m3_code(x)).collect::<Vec<_>>(), qs, Fp8Layout::Bshd)?;
+    let k8 = Fp8Tensor::from_codes(&stream, &codes(&kz, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
+    let v_bshd = Fp8Tensor::from_codes(&stream, &v_codes, ks, Fp8Layout::Bshd)?;
+    let v_t = Fp8Tensor::from_codes(&stream, &transpose_v_codes(&v_codes, ks), ks, Fp8Layout::VTransposed)?;
+    let gpu_t = flash_attn3::fp8::transpose_v_fp8(gpu, &stream, &v_bshd)?;
+    if gpu_t.to_codes(&stream)? != transpose_v_codes(&v_codes, ks) {
+        return Err("the GPU transpose differs from the host's".into());
+    }
+    let ones = vec![1.0f32; 2 * 2];
+    let sq = Descale::from_host(&stream, Arg::QDescale, &ones, DescaleKind::PerHead)?;
+    let sk = Descale::from_host(&stream, Arg::KDescale, &kz.scales, DescaleKind::PerHead)?;
+    let sv = Descale::from_host(&stream, Arg::VDescale, &vz.scales, DescaleKind::PerHead)?;
+    let scales = Fp8Descales { q: &sq, k: &sk, v: &sv };
+    let opts = Fp8Options::default().causal(true);
+    let a = flash_attn_fp8(gpu, &stream, &q8, &k8, &v_bshd, &scales, &opts)?;
+    let b = flash_attn_fp8(gpu, &stream, &q8, &k8, &v_t, &scales, &opts)?;
+    let bits = |x: Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    if bits(a.out.to_f32(&stream)?) != bits(b.out.to_f32(&stream)?) || bits(stream.clone_dtoh(&a.lse)?) != bits(stream.clone_dtoh(&b.lse)?) {
+        return Err("V in [b, s, h, d] and transposed give different results".into());
+    }
+    Ok(())
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads.get_or_insert(1);
@@ -283,5 +318,6 @@ fn main() {
     for c in cases() {
         trials.push(support::gpu_trial(c.name(), &gpu, move |g| run_case(g, &c)));
     }
+    trials.push(support::gpu_trial("v_in_bshd_gives_the_transposed_v_result", &gpu, v_in_bshd_gives_the_transposed_v_result));
     libtest_mimic::run(&args, trials).exit();
 }

@@ -65,6 +65,18 @@ pub unsafe fn ld_nc_u32(addr: u64) -> u32 {
     v
 }
 
+/// Loads one byte from global memory through the read-only (non-coherent) path.
+///
+/// # Safety
+/// `addr` must be a valid global address of data no thread of the launch writes.
+#[inline(always)]
+pub unsafe fn ld_nc_u8(addr: u64) -> u8 {
+    let v: u16;
+    // PTX has no 8-bit registers: the byte is zero-extended into a 16-bit one.
+    unsafe { asm!("ld.global.nc.u8 {0}, [{1}];", out(reg16) v, in(reg64) addr, options(nostack, readonly)) };
+    v as u8
+}
+
 /// Loads two consecutive `f32` from global memory.
 ///
 /// # Safety
