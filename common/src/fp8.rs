@@ -197,38 +197,31 @@ macro_rules! fp8_quantize_table {
     };
 }
 
+/// The entry of a quantization-family kernel (no TMA, no launch bounds, by-value
+/// [`QuantizeParams`]).
+const fn aux_entry(name: &'static str, hdim: u32, dtype: DType) -> KernelEntry {
+    KernelEntry {
+        name,
+        algo: Algo::Fa3(Techniques::FULL),
+        kind: KernelKind::Fp8Quantize,
+        hdim,
+        dtype,
+        tma_param_bytes: 0,
+        launch_bounds: 0,
+        cluster: 1,
+        consumer_wgs: 0,
+        block_n: 0,
+        score_mod: crate::ScoreModKind::None,
+        mask: crate::MaskKind::Causal,
+    }
+}
+
 /// The V transpose's entry (e4m3 `[b, s, h, d]` to the FP8 forward's V layout).
-pub const TRANSPOSE_V: KernelEntry = KernelEntry {
-    name: "fp8_transpose_v",
-    algo: Algo::Fa3(Techniques::FULL),
-    kind: KernelKind::Fp8Quantize,
-    hdim: 0,
-    dtype: DType::BF16,
-    tma_param_bytes: 0,
-    launch_bounds: 0,
-    cluster: 1,
-    consumer_wgs: 0,
-    block_n: 0,
-    score_mod: crate::ScoreModKind::None,
-    mask: crate::MaskKind::Causal,
-};
+pub const TRANSPOSE_V: KernelEntry = aux_entry("fp8_transpose_v", 0, DType::BF16);
 
 macro_rules! quantize_entries {
     ($($name:ident => $dtype:ident, hdim $hdim:literal;)*) => {
-        &[$(KernelEntry {
-            name: stringify!($name),
-            algo: Algo::Fa3(Techniques::FULL),
-            kind: KernelKind::Fp8Quantize,
-            hdim: $hdim,
-            dtype: DType::$dtype,
-            tma_param_bytes: 0,
-            launch_bounds: 0,
-            cluster: 1,
-            consumer_wgs: 0,
-            block_n: 0,
-            score_mod: crate::ScoreModKind::None,
-            mask: crate::MaskKind::Causal,
-        },)*]
+        &[$(aux_entry(stringify!($name), $hdim, DType::$dtype),)*]
     };
 }
 
