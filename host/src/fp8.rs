@@ -63,11 +63,23 @@ pub struct Fp8Tensor {
 }
 
 impl Fp8Tensor {
-    /// An e4m3 tensor from host codes laid out as `layout` says (checked for length).
-    pub fn from_codes(stream: &Arc<CudaStream>, codes: &[u8], shape: [usize; 4], layout: Fp8Layout) -> Result<Self> {
+    /// An e4m3 tensor from host codes laid out as `layout` says (checked for length; `arg`
+    /// names it in errors).
+    /// A transposed V's padding keys must be zero (a NaN code there would reach O through
+    /// `0 · NaN`).
+    pub fn from_codes(stream: &Arc<CudaStream>, arg: Arg, codes: &[u8], shape: [usize; 4], layout: Fp8Layout) -> Result<Self> {
+        check_shape(arg, shape)?;
         let needed = Self::needed(shape, layout);
-        if codes.len() != needed || shape.contains(&0) {
+        if codes.len() != needed {
             return Err(AttnError::HostData(format!("{} e4m3 codes for shape {shape:?} in {layout:?} (needs {needed})", codes.len())));
+        }
+        if layout == Fp8Layout::VTransposed {
+            let [_, s, _, _] = shape;
+            let n = padded_keys(s);
+            let pads: Vec<usize> = (s..n).map(|key| fp8::vt_position(key as u32) as usize).collect();
+            if let Some(row) = codes.chunks(n).position(|row| pads.iter().any(|&p| row[p] != 0)) {
+                return Err(AttnError::HostData(format!("transposed v: row {row} has a non-zero code in its padding keys {s}..{n}")));
+            }
         }
         Ok(Fp8Tensor { data: stream.clone_htod(codes)?, shape, layout })
     }
@@ -77,22 +89,49 @@ impl Fp8Tensor {
         Ok(stream.clone_dtoh(&self.data)?)
     }
 
-    /// Bytes the layout needs.
+    /// Bytes the layout needs (`usize::MAX` when that overflows, which no buffer holds).
     pub fn needed(shape: [usize; 4], layout: Fp8Layout) -> usize {
         let [b, s, h, d] = shape;
-        match layout {
-            Fp8Layout::Bshd => b * s * h * d,
-            Fp8Layout::VTransposed => b * h * d * fp8::vt_len(s as u32) as usize,
-        }
+        let keys = match layout {
+            Fp8Layout::Bshd => s,
+            Fp8Layout::VTransposed => padded_keys(s),
+        };
+        [b, keys, h, d].into_iter().try_fold(1usize, |n, x| n.checked_mul(x)).unwrap_or(usize::MAX)
     }
+}
+
+/// Keys per row of a transposed V: `common::fp8::vt_len` in `usize` (saturating).
+fn padded_keys(s: usize) -> usize {
+    let step = fp8::K_STEP as usize;
+    s.div_ceil(step).saturating_mul(step)
+}
+
+/// Checks an e4m3 tensor's shape `[batch, seqlen, heads, hdim]`: no empty dimension, a
+/// head dim with a kernel, and sizes the kernels index (32-bit sequence positions, grid
+/// extents, byte counts that fit).
+fn check_shape(arg: Arg, shape: [usize; 4]) -> Result<()> {
+    let [b, s, h, d] = shape;
+    if shape.contains(&0) {
+        return Err(AttnError::EmptyDim { arg, shape });
+    }
+    if !HEAD_DIMS.iter().any(|&x| x as usize == d) {
+        return Err(AttnError::UnsupportedHeadDim { hdim: d, supported: &HEAD_DIMS });
+    }
+    if s > i32::MAX as usize / 2 || h > 65_535 || b > 65_535 || Fp8Tensor::needed(shape, Fp8Layout::VTransposed) == usize::MAX {
+        return Err(AttnError::TooLarge(format!("{arg}: shape {shape:?}")));
+    }
+    Ok(())
 }
 
 /// Packed `[b, s, h, d]` e4m3 codes rearranged as the FP8 forward's transposed V
 /// ([`Fp8Layout::VTransposed`]: `[b, h, d, vt_len(s)]`, keys permuted, padding zero).
-pub fn transpose_v_codes(codes: &[u8], shape: [usize; 4]) -> Vec<u8> {
+pub fn transpose_v_codes(codes: &[u8], shape: [usize; 4]) -> Result<Vec<u8>> {
+    check_shape(Arg::V, shape)?;
     let [b, s, h, d] = shape;
-    assert_eq!(codes.len(), b * s * h * d, "codes do not match shape {shape:?}");
-    let n = fp8::vt_len(s as u32) as usize;
+    if codes.len() != b * s * h * d {
+        return Err(AttnError::HostData(format!("{} e4m3 codes for shape {shape:?}", codes.len())));
+    }
+    let n = padded_keys(s);
     let mut out = vec![0u8; b * h * d * n];
     for bi in 0..b {
         for si in 0..s {
@@ -104,7 +143,7 @@ pub fn transpose_v_codes(codes: &[u8], shape: [usize; 4]) -> Vec<u8> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Which elements share a dequantization factor.
@@ -285,6 +324,7 @@ pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts
         Role::V => Arg::V,
     };
     let [b, s, h, d] = x.layout.shape;
+    check_shape(arg, x.layout.shape)?;
     let kernel = fp8::find_quantize(d as u32, x.dtype()).ok_or(AttnError::UnsupportedHeadDim { hdim: d, supported: &common::HEAD_DIMS })?;
     let (x_ptr, _x_sync) = x.slice.device_ptr(stream);
     crate::plan::check_tensor(arg, &crate::plan::TensorDesc { dtype: x.dtype(), layout: x.layout, addr: x_ptr, buffer_len: x.buffer_len() })?;
@@ -347,9 +387,7 @@ pub fn transpose_v_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, v: &Fp8Tensor) -> Re
         return Err(AttnError::Unsupported("transpose_v_fp8 takes v in [batch, seqlen, heads, hdim] (Fp8Layout::Bshd)".into()));
     }
     let [b, s, h, d] = v.shape;
-    if v.shape.contains(&0) {
-        return Err(AttnError::EmptyDim { arg: Arg::V, shape: v.shape });
-    }
+    check_shape(Arg::V, v.shape)?;
     let needed = Fp8Tensor::needed(v.shape, Fp8Layout::Bshd);
     if v.data.len() < needed {
         return Err(AttnError::OutOfBounds { arg: Arg::V, needed, len: v.data.len() });
@@ -421,9 +459,7 @@ pub fn plan_fp8(
     let [b, sq, hq, d] = q.shape;
     let [bk, sk, hk, dk] = k.shape;
     for (arg, t) in [(Arg::Q, q), (Arg::K, k), (Arg::V, v)] {
-        if t.shape.contains(&0) {
-            return Err(AttnError::EmptyDim { arg, shape: t.shape });
-        }
+        check_shape(arg, t.shape)?;
         let needed = Fp8Tensor::needed(t.shape, t.layout);
         if t.len < needed {
             return Err(AttnError::OutOfBounds { arg, needed, len: t.len });
@@ -549,6 +585,7 @@ pub fn flash_attn_fp8(
     opts: &Fp8Options,
 ) -> Result<AttnOutput> {
     let [b, sq, hq, _] = q.shape;
+    check_shape(Arg::Q, q.shape)?;
     let mut out = DeviceTensor::alloc(stream, opts.out_dtype, q.shape)?;
     // SAFETY: the kernel writes every LSE element before anyone reads it.
     let mut lse = unsafe { stream.alloc::<f32>(b * hq * sq) }?;
@@ -693,5 +730,21 @@ mod tests {
             assert!(matches!(check_factors(Arg::VDescale, &[1.0, bad]), Err(AttnError::InvalidDescale { arg: Arg::VDescale, index: 1, .. })));
         }
         assert!(check_factors(Arg::QDescale, &[0.5, 2.0]).is_ok());
+    }
+
+    #[test]
+    fn huge_or_odd_shapes_are_refused_before_any_size_is_computed() {
+        // A head dim past u32 would truncate to 128; sizes whose product overflows.
+        assert!(matches!(check_shape(Arg::V, [1, 1, 1, (1 << 32) + 128]), Err(AttnError::UnsupportedHeadDim { .. })));
+        assert!(matches!(check_shape(Arg::V, [1, 1, 1, 1 << 27]), Err(AttnError::UnsupportedHeadDim { .. })));
+        assert!(matches!(check_shape(Arg::Q, [1 << 15, 1 << 29, 1 << 12, 256]), Err(AttnError::TooLarge(_))));
+        assert!(matches!(check_shape(Arg::K, [1, 0, 1, 128]), Err(AttnError::EmptyDim { .. })));
+        assert_eq!(Fp8Tensor::needed([usize::MAX, 2, 1, 1], Fp8Layout::Bshd), usize::MAX);
+        assert!(matches!(transpose_v_codes(&[0; 3], [1, 2, 1, 64]), Err(AttnError::HostData(_))));
+        // The host transpose puts key 3 of a 64-wide head where the kernel reads it.
+        let codes: Vec<u8> = (0..2 * 64).map(|i| (i / 64 + 1) as u8).collect();
+        let t = transpose_v_codes(&codes, [1, 2, 1, 64]).unwrap();
+        assert_eq!(t.len(), 64 * 32);
+        assert_eq!((t[fp8::vt_position(1) as usize], t[fp8::vt_position(2) as usize]), (2, 0));
     }
 }

@@ -66,7 +66,7 @@ fn quantize_matches_cpu(gpu: &Gpu, dtype: DType, d: usize, role: Role, incoheren
     }
     let mut want_codes = codes(&want, g);
     if role == Role::V {
-        want_codes = transpose_v_codes(&want_codes, shape);
+        want_codes = transpose_v_codes(&want_codes, shape)?;
     }
     let got_codes = got.tensor.to_codes(&stream)?;
     let wrong = got_codes.iter().zip(&want_codes).filter(|(a, b)| a != b).count();
@@ -167,9 +167,9 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             scale = if matches!(c.scales, Scales::IntegersPeaked) { 20.0 } else { 0.02 };
             let vq = quantize(&v, Granularity::PerHead);
             let to_codes = |t: &HostTensor| t.data.iter().map(|&x| e4m3_code(x)).collect::<Vec<u8>>();
-            q8 = Fp8Tensor::from_codes(&stream, &to_codes(&qi), qs, Fp8Layout::Bshd)?;
-            k8 = Fp8Tensor::from_codes(&stream, &to_codes(&ki), ks, Fp8Layout::Bshd)?;
-            v8 = Fp8Tensor::from_codes(&stream, &transpose_v_codes(&codes(&vq, Granularity::PerHead), ks), ks, Fp8Layout::VTransposed)?;
+            q8 = Fp8Tensor::from_codes(&stream, Arg::Q, &to_codes(&qi), qs, Fp8Layout::Bshd)?;
+            k8 = Fp8Tensor::from_codes(&stream, Arg::K, &to_codes(&ki), ks, Fp8Layout::Bshd)?;
+            v8 = Fp8Tensor::from_codes(&stream, Arg::V, &transpose_v_codes(&codes(&vq, Granularity::PerHead), ks)?, ks, Fp8Layout::VTransposed)?;
             let ones = vec![1.0f32; c.b * c.hk];
             sq = Descale::from_host(&stream, Arg::QDescale, &ones, DescaleKind::PerHead)?;
             sk = Descale::from_host(&stream, Arg::KDescale, &ones, DescaleKind::PerHead)?;
@@ -213,9 +213,9 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
                 }
             }
             let (kq, vq) = (quantize(&k, Granularity::PerHead), quantize(&v, Granularity::PerHead));
-            q8 = Fp8Tensor::from_codes(&stream, &q_codes, qs, Fp8Layout::Bshd)?;
-            k8 = Fp8Tensor::from_codes(&stream, &codes(&kq, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
-            v8 = Fp8Tensor::from_codes(&stream, &transpose_v_codes(&codes(&vq, Granularity::PerHead), ks), ks, Fp8Layout::VTransposed)?;
+            q8 = Fp8Tensor::from_codes(&stream, Arg::Q, &q_codes, qs, Fp8Layout::Bshd)?;
+            k8 = Fp8Tensor::from_codes(&stream, Arg::K, &codes(&kq, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
+            v8 = Fp8Tensor::from_codes(&stream, Arg::V, &transpose_v_codes(&codes(&vq, Granularity::PerHead), ks)?, ks, Fp8Layout::VTransposed)?;
             sq = Descale::from_host(&stream, Arg::QDescale, &qg.scales, DescaleKind::PerHead)?;
             sk = Descale::from_host(&stream, Arg::KDescale, &kq.scales, DescaleKind::PerHead)?;
             sv = Descale::from_host(&stream, Arg::VDescale, &vq.scales, DescaleKind::PerHead)?;
@@ -274,12 +274,12 @@ fn v_in_bshd_gives_the_transposed_v_result(gpu: &Gpu) -> Result<(), Failed> {
     let v_codes = codes(&vz, Granularity::PerHead);
     // Q's codes are its values rounded (factor 1): the comparison is between two layouts
     // of V, not against a reference.
-    let q8 = Fp8Tensor::from_codes(&stream, &q.data.iter().map(|&x| e4m3_code(x)).collect::<Vec<_>>(), qs, Fp8Layout::Bshd)?;
-    let k8 = Fp8Tensor::from_codes(&stream, &codes(&kz, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
-    let v_bshd = Fp8Tensor::from_codes(&stream, &v_codes, ks, Fp8Layout::Bshd)?;
-    let v_t = Fp8Tensor::from_codes(&stream, &transpose_v_codes(&v_codes, ks), ks, Fp8Layout::VTransposed)?;
+    let q8 = Fp8Tensor::from_codes(&stream, Arg::Q, &q.data.iter().map(|&x| e4m3_code(x)).collect::<Vec<_>>(), qs, Fp8Layout::Bshd)?;
+    let k8 = Fp8Tensor::from_codes(&stream, Arg::K, &codes(&kz, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
+    let v_bshd = Fp8Tensor::from_codes(&stream, Arg::V, &v_codes, ks, Fp8Layout::Bshd)?;
+    let v_t = Fp8Tensor::from_codes(&stream, Arg::V, &transpose_v_codes(&v_codes, ks)?, ks, Fp8Layout::VTransposed)?;
     let gpu_t = flash_attn3::fp8::transpose_v_fp8(gpu, &stream, &v_bshd)?;
-    if gpu_t.to_codes(&stream)? != transpose_v_codes(&v_codes, ks) {
+    if gpu_t.to_codes(&stream)? != transpose_v_codes(&v_codes, ks)? {
         return Err("the GPU transpose differs from the host's".into());
     }
     let ones = vec![1.0f32; 2 * 2];

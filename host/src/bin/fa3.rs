@@ -544,9 +544,9 @@ fn fp8_kernel_rmse(gpu: &Gpu, [q, k, v]: [&HostTensor; 3], exact: &[f64], seed: 
     let per_head = |arg, x: f32| Descale::from_host(&stream, arg, &vec![x; b * hk], DescaleKind::PerHead);
     let (dq, dk, dv) = (per_head(flash_attn3::Arg::QDescale, qs)?, per_head(flash_attn3::Arg::KDescale, ks)?, per_head(flash_attn3::Arg::VDescale, vs)?);
     let per_tensor = run(
-        &Fp8Tensor::from_codes(&stream, &qc, q.shape, Fp8Layout::Bshd)?,
-        &Fp8Tensor::from_codes(&stream, &kc, k.shape, Fp8Layout::Bshd)?,
-        &Fp8Tensor::from_codes(&stream, &transpose_v_codes(&vc, v.shape), v.shape, Fp8Layout::VTransposed)?,
+        &Fp8Tensor::from_codes(&stream, flash_attn3::Arg::Q, &qc, q.shape, Fp8Layout::Bshd)?,
+        &Fp8Tensor::from_codes(&stream, flash_attn3::Arg::K, &kc, k.shape, Fp8Layout::Bshd)?,
+        &Fp8Tensor::from_codes(&stream, flash_attn3::Arg::V, &transpose_v_codes(&vc, v.shape)?, v.shape, Fp8Layout::VTransposed)?,
         Fp8Descales { q: &dq, k: &dk, v: &dv },
     )?;
     // (c), (d) Block factors from the quantization kernel, without and with the transform.
