@@ -32,7 +32,7 @@
 use crate::api::{AttnOutput, launch};
 use crate::error::{Arg, AttnError, Result};
 use crate::gpu::Gpu;
-use crate::plan::{FwdPlan, section_log2};
+use crate::plan::{DeviceVec, FwdPlan, MAX_GRID_YZ, MAX_SEQLEN, persistent_ctas, section_log2};
 use crate::tensor::{DeviceTensor, Layout, TensorMut, TensorRef};
 use crate::tma::{TensorMapSpec, TmaElem};
 use common::fp8::{self, Fp8Descales as DescaleParams, QuantizeOutput, QuantizeParams, ScaleIndex};
@@ -117,7 +117,7 @@ fn check_shape(arg: Arg, shape: [usize; 4]) -> Result<()> {
     if !HEAD_DIMS.iter().any(|&x| x as usize == d) {
         return Err(AttnError::UnsupportedHeadDim { hdim: d, supported: &HEAD_DIMS });
     }
-    if s > i32::MAX as usize / 2 || h > 65_535 || b > 65_535 || Fp8Tensor::needed(shape, Fp8Layout::VTransposed) == usize::MAX {
+    if s > MAX_SEQLEN || h > MAX_GRID_YZ || b > MAX_GRID_YZ || Fp8Tensor::needed(shape, Fp8Layout::VTransposed) == usize::MAX {
         return Err(AttnError::TooLarge(format!("{arg}: shape {shape:?}")));
     }
     Ok(())
@@ -342,9 +342,6 @@ pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts
         None => (0, None),
     };
     let rows = block_rows(opts.role, d);
-    if s > i32::MAX as usize / 2 || h > 65_535 || b > 65_535 {
-        return Err(AttnError::TooLarge(format!("{arg}: shape {:?}", x.layout.shape)));
-    }
     let layout = if opts.role == Role::V { Fp8Layout::VTransposed } else { Fp8Layout::Bshd };
     let blocks = s.div_ceil(rows);
     // SAFETY: the kernel writes every code of the layout (and a transposed V's padding)
@@ -391,9 +388,6 @@ pub fn transpose_v_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, v: &Fp8Tensor) -> Re
     let needed = Fp8Tensor::needed(v.shape, Fp8Layout::Bshd);
     if v.data.len() < needed {
         return Err(AttnError::OutOfBounds { arg: Arg::V, needed, len: v.data.len() });
-    }
-    if s > i32::MAX as usize / 2 || h > 65_535 || b > 65_535 {
-        return Err(AttnError::TooLarge(format!("v: shape {:?}", v.shape)));
     }
     // SAFETY: the kernel writes every byte of the layout, padding included.
     let mut data = unsafe { stream.alloc::<u8>(Fp8Tensor::needed(v.shape, Fp8Layout::VTransposed)) }?;
@@ -500,12 +494,7 @@ pub fn plan_fp8(
                 (b * heads * blocks, ScaleIndex { ptr: s.addr, batch_stride: (heads * blocks) as u32, head_stride: blocks as u32, block_stride: 1, head_div: 1 })
             }
         };
-        if s.len < needed {
-            return Err(AttnError::OutOfBounds { arg, needed, len: s.len });
-        }
-        if s.addr % 4 != 0 {
-            return Err(AttnError::Misaligned { arg, detail: format!("address {:#x} is not 4-byte aligned", s.addr) });
-        }
+        DeviceVec { addr: s.addr, len: s.len }.check(arg, needed)?;
         Ok(idx)
     };
     let descales = DescaleParams {
@@ -516,7 +505,7 @@ pub fn plan_fp8(
     let kernel = fp8::find(d as u32, opts.out_dtype).ok_or(AttnError::UnsupportedHeadDim { hdim: d, supported: &fp8::HEAD_DIMS })?;
     let cfg = common::fa3::kernel_config(kernel).ok_or_else(|| AttnError::KernelLoad(kernel.name.into()))?;
     let packed = |shape: [usize; 4]| crate::plan::strides(&Layout::contiguous(shape));
-    let params = FwdParams {
+    let mut params = FwdParams {
         q: q.addr,
         k: k.addr,
         v: v.addr,
@@ -545,10 +534,9 @@ pub fn plan_fp8(
     if units > i32::MAX as usize {
         return Err(AttnError::TooLarge(format!("{units} tiles")));
     }
-    let persistent = units.min(sm_count.max(1) as usize);
+    let persistent = persistent_ctas(units, sm_count, 1);
     let dynamic = opts.causal || sq % fp8::BLOCK_M as usize != 0;
     let tile_counter = (dynamic && units > persistent).then_some(units as u32);
-    let mut params = params;
     if tile_counter.is_some() && opts.causal {
         params.section_log2 = section_log2(b * hq, hq / hk, sk, d);
     }

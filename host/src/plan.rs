@@ -325,9 +325,9 @@ pub fn block_threads(k: &KernelEntry) -> u32 {
 }
 
 /// Largest grid y/z extent.
-const MAX_GRID_YZ: usize = 65_535;
+pub(crate) const MAX_GRID_YZ: usize = 65_535;
 /// Sequence lengths are indexed with i32 in the kernels (with room for tile overrun).
-const MAX_SEQLEN: usize = (i32::MAX / 2) as usize;
+pub(crate) const MAX_SEQLEN: usize = (i32::MAX / 2) as usize;
 
 pub(crate) fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
     let l = &t.layout;
@@ -462,6 +462,12 @@ pub fn section_log2(heads: usize, kv_group: usize, seqlen_k: usize, hdim: usize)
         k += 1;
     }
     if seqlen_k > SECTION_MAX_SEQLEN_K { 0 } else { k.min(SECTION_MAX_HEADS_LOG2) }
+}
+
+/// CTAs of a persistent grid for `units` units of work on `sm_count` SMs, in whole
+/// clusters of `cluster`: one per SM, never more than the units.
+pub(crate) fn persistent_ctas(units: usize, sm_count: u32, cluster: usize) -> usize {
+    units.min((sm_count as usize / cluster).max(1)) * cluster
 }
 
 pub(crate) fn strides(l: &Layout) -> Strides {
@@ -625,7 +631,7 @@ pub fn plan_forward(
             if units * cluster > i32::MAX as usize {
                 return Err(AttnError::TooLarge(format!("{units} tiles of {block_m} query rows")));
             }
-            let persistent = units.min((sm_count as usize / cluster).max(1)) * cluster;
+            let persistent = persistent_ctas(units, sm_count, cluster);
             match schedule {
                 Schedule::TilePerCta => ((units as u32, 1, 1), None),
                 // Dynamic only pays off with more tiles than CTAs.

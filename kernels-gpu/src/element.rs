@@ -27,10 +27,10 @@ pub trait Operand {
     fn qk_rs<A: WgmmaAcc>(acc: &mut A, q: [u32; 4], desc_k: u64, scale_d: bool);
     /// O += P V's k-step, V as stored.
     fn pv<A: WgmmaAcc>(acc: &mut A, p: [u32; 4], desc_v: u64);
-    /// The descriptor of a V tile of `block_n` keys by `hdim` at `addr`.
-    fn v_desc(addr: u32, block_n: u32, hdim: u32) -> u64;
-    /// Byte offset of k-step `kb` (keys) in a V tile of `hdim`.
-    fn v_k_step(hdim: u32, kb: u32) -> u32;
+    /// The descriptor of a V tile of `block_n` keys at `addr`.
+    fn v_desc(addr: u32, block_n: u32) -> u64;
+    /// Byte offset of k-step `kb` (keys) in a V tile.
+    fn v_k_step(kb: u32) -> u32;
 }
 
 /// e4m3 (FP8): Q, K and V of the FP8 forward.
@@ -58,13 +58,13 @@ impl Operand for E4M3 {
         acc.rs_e4m3(p, desc_v, true)
     }
     #[inline(always)]
-    fn v_desc(addr: u32, block_n: u32, _hdim: u32) -> u64 {
+    fn v_desc(addr: u32, block_n: u32) -> u64 {
         // `hdim` rows of `block_n` keys (bytes): a K-major B operand like a K tile, its
         // rows one 128 B swizzle span, or at 64 keys a 64 B one.
         if block_n == 64 { k_major_sw64(addr) } else { k_major_sw128(addr) }
     }
     #[inline(always)]
-    fn v_k_step(_hdim: u32, kb: u32) -> u32 {
+    fn v_k_step(kb: u32) -> u32 {
         // Inside one row's swizzle span: 32 bytes a step.
         32 * kb
     }
@@ -95,11 +95,11 @@ macro_rules! operand_16bit {
                 <Self as Element>::wgmma_rs_mn(acc, p, desc_v, true)
             }
             #[inline(always)]
-            fn v_desc(addr: u32, block_n: u32, _hdim: u32) -> u64 {
+            fn v_desc(addr: u32, block_n: u32) -> u64 {
                 mn_major_sw128(addr, block_n)
             }
             #[inline(always)]
-            fn v_k_step(_hdim: u32, kb: u32) -> u32 {
+            fn v_k_step(kb: u32) -> u32 {
                 mn_major_k_step(kb)
             }
         }

@@ -737,8 +737,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
     }
     progress.finish_and_clear();
     if let Some(path) = &a.csv {
-        std::fs::write(path, rows.join("\n") + "\n").map_err(|e| CliError::Io(format!("{}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
+        write_csv(path, &rows)?;
     }
     if let Some(path) = &a.plot {
         let title = a.title.clone().unwrap_or_else(|| format!("{}, {}, {}: forward TFLOP/s", info.name, dtype.name(), algo_name));
@@ -769,7 +768,7 @@ fn cmd_bench_fp8(a: &BenchArgs) -> CliResult<()> {
     let mut out = DeviceTensor::alloc(&stream, DType::BF16, [1, TOKENS, 1, HIDDEN])?;
     let mut lse = stream.alloc_zeros::<f32>(TOKENS * HIDDEN / 64).map_err(AttnError::from)?;
     for &hdim in &a.hdims.0 {
-        if !common_fp8_hdims().contains(&(hdim as u32)) {
+        if !flash_attn3::fp8::HEAD_DIMS.contains(&(hdim as u32)) {
             println!("{hdim:>5} (no FP8 kernel at this head dim)");
             continue;
         }
@@ -798,15 +797,16 @@ fn cmd_bench_fp8(a: &BenchArgs) -> CliResult<()> {
         }
     }
     if let Some(path) = &a.csv {
-        std::fs::write(path, rows.join("\n") + "\n").map_err(|e| CliError::Io(format!("{}: {e}", path.display())))?;
-        println!("wrote {}", path.display());
+        write_csv(path, &rows)?;
     }
     Ok(())
 }
 
-/// Head dims with an FP8 kernel.
-fn common_fp8_hdims() -> &'static [u32] {
-    &flash_attn3::fp8::HEAD_DIMS
+/// Writes `bench`'s CSV rows (header first).
+fn write_csv(path: &Path, rows: &[String]) -> CliResult<()> {
+    std::fs::write(path, rows.join("\n") + "\n").map_err(|e| CliError::Io(format!("{}: {e}", path.display())))?;
+    println!("wrote {}", path.display());
+    Ok(())
 }
 
 fn progress_style() -> ProgressStyle {

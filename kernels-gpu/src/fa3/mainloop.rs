@@ -123,7 +123,7 @@ impl Operands {
 
     #[inline(always)]
     fn v_desc<K: KernelTraits>(&self, st: PipelineState<KV_STAGES>) -> u64 {
-        K::Element::v_desc(self.v.slot(st.index()).0, K::BLOCK_N, K::HDIM)
+        K::Element::v_desc(self.v.slot(st.index()).0, K::BLOCK_N)
     }
 }
 
@@ -150,7 +150,7 @@ type Probs<K> = <<K as KernelTraits>::Element as Operand>::Probs<<K as KernelTra
 #[inline(always)]
 fn pv<K: KernelTraits>(o: &mut K::Out, p: &Probs<K>, v_desc: u64) {
     for kb in 0..<Probs<K> as ProbTile>::STEPS {
-        K::Element::pv(o, p.step(kb), desc_add(v_desc, K::Element::v_k_step(K::HDIM, kb as u32)));
+        K::Element::pv(o, p.step(kb), desc_add(v_desc, K::Element::v_k_step(kb as u32)));
     }
 }
 
