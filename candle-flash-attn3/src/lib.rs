@@ -260,7 +260,7 @@ impl QkvKernels for FlashAttn {
                 // SAFETY: every address comes from a live allocation of this context with
                 // its element count; the planner checks each view against it.
                 unsafe {
-                    flash_attn3::flash_attn_raw(&gpu, &stream, &qd, &kd, &vd, &od, (la, lse_len), &self.opts.attn_options(), alibi, sinks)
+                    flash_attn3::flash_attn_raw(&gpu, &stream, &qd, &kd, &vd, &od, (la, lse_len), &self.opts.attn_options(), alibi, sinks, None)
                 }
                 .map_err(wrap)
             })?;
@@ -353,6 +353,7 @@ impl QkvKernels for FlashAttnBwd {
                     // their own gradient is not asked for.
                     sinks,
                     dsinks: None,
+                    documents: None,
                 };
                 // SAFETY: as in the forward; the three gradients are disjoint views of
                 // one allocation, each sized to its tensor.

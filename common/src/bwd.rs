@@ -14,7 +14,7 @@
 //! Two consumer warpgroups each own 64 of the block's keys (FA3's "swapAB": the score
 //! accumulator's rows are keys, so `Pᵀ` and `dSᵀ` are already the register A operands
 //! of the dV and dK products); a producer warpgroup issues the TMA loads.
-use crate::window::KeyWindow;
+use crate::window::{Documents, KeyRanges};
 use crate::{DType, KernelEntry, Strides};
 
 /// Keys per CTA: two consumer warpgroups of 64.
@@ -138,10 +138,10 @@ impl DqOrder {
     }
 
     /// How many CTAs add to query block `m`'s dQ before the CTA of key block `n` does
-    /// (deterministic orders only). `window`: the local kernels' window, whose query
-    /// blocks see a range of key blocks that ends where the window's does.
+    /// (deterministic orders only). `ranges`: the local kernels' key ranges (window and
+    /// documents), whose query blocks see a range of key blocks that ends where theirs does.
     #[inline(always)]
-    pub const fn turn(self, n: u32, m: u32, causal: bool, block_m: u32, seqlen_q: u32, seqlen_k: u32, window: Option<&KeyWindow>) -> u32 {
+    pub fn turn<D: Documents>(self, n: u32, m: u32, causal: bool, block_m: u32, seqlen_q: u32, seqlen_k: u32, ranges: Option<&KeyRanges<D>>) -> u32 {
         let key_blocks = seqlen_k.div_ceil(BLOCK_N);
         match self {
             // Arrival order at m: min(m, key_blocks - 1), then down, going round.
@@ -150,8 +150,8 @@ impl DqOrder {
                 if t >= key_blocks { t - key_blocks } else { t }
             }
             _ => {
-                let end = match window {
-                    Some(w) => w.key_blocks_end((m * block_m) as i32, block_m, BLOCK_N, seqlen_q, seqlen_k),
+                let end = match ranges {
+                    Some(r) => r.key_blocks_end((m * block_m) as i32, block_m, BLOCK_N),
                     None => key_blocks_seeing(causal, m, block_m, BLOCK_N, seqlen_q, seqlen_k),
                 };
                 end - 1 - n
@@ -173,15 +173,15 @@ pub struct CtaSteps {
 }
 
 impl CtaSteps {
-    /// `local`: the kernel's mask is the window of `p` ([`crate::MaskKind::Local`]).
+    /// `ranges`: the key ranges of a local kernel ([`crate::MaskKind::Local`]: `p`'s
+    /// window and documents), `None` for the others.
     #[inline(always)]
-    pub fn new(p: &BwdParams, n: u32, block_m: u32, local: bool) -> Self {
-        let (first, end) = if local {
-            p.window.query_blocks(n, BLOCK_N, block_m, p.seqlen_q, p.seqlen_k)
-        } else {
-            (first_query_block(p.causal != 0, n, block_m, BLOCK_N, p.seqlen_q, p.seqlen_k), p.query_blocks(block_m))
+    pub fn new<D: Documents>(p: &BwdParams, n: u32, block_m: u32, ranges: Option<&KeyRanges<D>>) -> Self {
+        let (first, end) = match ranges {
+            Some(r) => r.query_blocks(n, BLOCK_N, block_m),
+            None => (first_query_block(p.causal != 0, n, block_m, BLOCK_N, p.seqlen_q, p.seqlen_k), p.query_blocks(block_m)),
         };
-        CtaSteps { order: p.dq_order_of(local), n, first, end, kv_group: p.kv_group }
+        CtaSteps { order: p.dq_order_of(ranges.is_some()), n, first, end, kv_group: p.kv_group }
     }
 
     /// No query block sees the CTA's keys (its dK and dV are zero).
@@ -345,6 +345,8 @@ pub struct BwdParams {
     pub alibi_inv_scale: f32,
     /// Local kernels: the window, as `FwdParams::window`.
     pub window: crate::window::KeyWindow,
+    /// Local kernels: the documents, as `FwdParams::docs`.
+    pub docs: crate::window::DocumentBounds,
     /// Attention sinks: f32 logits `[heads_q]` (as `FwdParams::sinks`; the forward's LSE
     /// includes them, so the main kernel needs nothing), their gradient `dsinks`
     /// (`[heads_q]`, written by the postprocess) and its partial sums
@@ -360,6 +362,12 @@ impl BwdParams {
     #[inline(always)]
     pub fn causal_offset(&self) -> Option<i32> {
         if self.causal != 0 { Some(self.seqlen_k as i32 - self.seqlen_q as i32) } else { None }
+    }
+
+    /// The key ranges of the local kernels (window and documents) of one batch.
+    #[inline(always)]
+    pub fn key_ranges<D: Documents>(&self, docs: D) -> KeyRanges<D> {
+        KeyRanges { window: self.window, seqlen_q: self.seqlen_q, seqlen_k: self.seqlen_k, docs }
     }
 
     /// The call's [`DqOrder`].
@@ -493,6 +501,14 @@ macro_rules! bwd_kernel_table {
             bwd_hdim128_f16_deterministic_softcap_alibi_local => F16, hdim 128, MainDeterministic, SoftcapAlibi, Local;
             bwd_hdim128_bf16_softcap_alibi_local => BF16, hdim 128, Main, SoftcapAlibi, Local;
             bwd_hdim128_bf16_deterministic_softcap_alibi_local => BF16, hdim 128, MainDeterministic, SoftcapAlibi, Local;
+            bwd_hdim64_f16_document => F16, hdim 64, Main, None, Document;
+            bwd_hdim128_f16_document => F16, hdim 128, Main, None, Document;
+            bwd_hdim64_bf16_document => BF16, hdim 64, Main, None, Document;
+            bwd_hdim128_bf16_document => BF16, hdim 128, Main, None, Document;
+            bwd_hdim64_f16_deterministic_document => F16, hdim 64, MainDeterministic, None, Document;
+            bwd_hdim128_f16_deterministic_document => F16, hdim 128, MainDeterministic, None, Document;
+            bwd_hdim64_bf16_deterministic_document => BF16, hdim 64, MainDeterministic, None, Document;
+            bwd_hdim128_bf16_deterministic_document => BF16, hdim 128, MainDeterministic, None, Document;
         }
     };
 }
@@ -593,6 +609,7 @@ mod tests {
     extern crate std;
     use super::*;
     use crate::fa3::MAX_SMEM;
+    use crate::window::KeyWindow;
     use std::format;
 
     /// Simulates the deterministic orders: every CTA of a (head, batch) steps through its
@@ -600,15 +617,30 @@ mod tests {
     /// it are 0, 1, ... in the order they arrive; a CTA's predecessor arrives no later
     /// (strictly earlier for the rotated order, which has no ties), and under the
     /// descending order was launched earlier, so no CTA waits for one that cannot run.
-    /// With and without a sliding window.
+    /// With and without a sliding window, and with documents (window unbounded or not).
     #[test]
     fn deterministic_dq_turns_follow_arrival_and_launch_order() {
         let bm = block_m(128);
-        let windows = [None, Some((Some(0), Some(0))), Some((Some(100), Some(0))), Some((Some(1000), None)), Some((None, Some(300))), Some((Some(64), Some(64)))];
+        let windows = [None, Some((Some(0), Some(0))), Some((Some(100), Some(0))), Some((Some(1000), None)), Some((None, Some(300))), Some((Some(64), Some(64))), Some((None, None))];
         for causal in [false, true] {
             for (sq, sk) in [(1u32, 1u32), (64, 128), (700, 1000), (1000, 700), (8192, 8192), (4096, 8192), (8192, 1000), (200, 5000), (5000, 129)] {
-                for window in windows {
+                for (window, with_docs) in windows.into_iter().flat_map(|w| [(w, false), (w, true)]) {
+                    // Documents of 1, 300, 5, 1000, 77, ... keys (rows must sit at key positions).
+                    if with_docs && (window.is_none() || sq > sk) {
+                        continue;
+                    }
+                    let mut bounds = std::vec::Vec::new();
+                    for len in [1u32, 300, 5, 1000, 77].into_iter().cycle() {
+                        let start = bounds.len() as u32;
+                        if start >= sk {
+                            break;
+                        }
+                        let end = (start + len).min(sk);
+                        bounds.extend((start..end).map(|_| [start, end]));
+                    }
+                    let docs: &[[u32; 2]] = if with_docs { &bounds } else { &[] };
                     let window = window.map(|(l, r)| KeyWindow::new(l, r, causal, sq, sk));
+                    let ranges = window.map(|w| KeyRanges { window: w, seqlen_q: sq, seqlen_k: sk, docs });
                     let (blocks, nb) = (sq.div_ceil(bm), sk.div_ceil(BLOCK_N));
                     for sms in [132, 8] {
                         let order = DqOrder::choose(true, causal || window.is_some(), blocks, nb, sms);
@@ -627,16 +659,16 @@ mod tests {
                         for x in 0..nb {
                             let n = order.key_block(x, nb);
                             let mut i = 0;
-                            CtaSteps::new(&p, n, bm, window.is_some()).for_each(|_, m| {
-                                arrivals[m as usize].push((order.turn(n, m, causal, bm, sq, sk, window.as_ref()), i, x));
+                            CtaSteps::new(&p, n, bm, ranges.as_ref()).for_each(|_, m| {
+                                arrivals[m as usize].push((order.turn(n, m, causal, bm, sq, sk, ranges.as_ref()), i, x));
                                 i += 1;
                             });
                         }
                         for (m, a) in arrivals.iter_mut().enumerate() {
-                            let ctx = format!("{order:?} causal {causal} window {window:?} sq {sq} sk {sk} m {m}");
-                            let seeing = match window {
-                                Some(w) => {
-                                    let (lo, hi) = w.key_blocks(m as i32 * bm as i32, bm, BLOCK_N, sq, sk);
+                            let ctx = format!("{order:?} causal {causal} window {window:?} docs {with_docs} sq {sq} sk {sk} m {m}");
+                            let seeing = match ranges {
+                                Some(r) => {
+                                    let (lo, hi) = r.key_blocks(m as i32 * bm as i32, bm, BLOCK_N);
                                     hi.saturating_sub(lo)
                                 }
                                 None => key_blocks_seeing(causal, m as u32, bm, BLOCK_N, sq, sk),
@@ -672,7 +704,7 @@ mod tests {
                     let order = DqOrder::choose(deterministic, causal, blocks, nb, 132);
                     let p = BwdParams { seqlen_q: sq, seqlen_k: sk, kv_group: group, causal: causal as u32, dq_order: order as u32, ..Default::default() };
                     for n in 0..nb {
-                        let steps = CtaSteps::new(&p, n, 64, false);
+                        let steps = CtaSteps::new(&p, n, 64, None::<&KeyRanges<crate::window::NoDocuments>>);
                         let (mut a, mut b) = (std::vec::Vec::new(), std::vec::Vec::new());
                         steps.for_each(|h, m| a.push((h, m)));
                         steps.for_each_query_block(|step, m| b.push((steps.head_of(step), m)));

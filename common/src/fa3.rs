@@ -227,12 +227,13 @@ pub const fn consumer_wgs(hdim: u32) -> u32 {
     if hdim == 64 { 3 } else { 2 }
 }
 
-/// Consumer warpgroups of the kernel with score modification `score_mod`: the plain
-/// kernels' [`consumer_wgs`], except two at hdim 64 with a score modification (at three,
-/// soft-capping's tanh and ALiBi's distances made the 160-register consumers spill).
-pub const fn consumer_wgs_of(hdim: u32, score_mod: crate::ScoreModKind) -> u32 {
-    match score_mod {
-        crate::ScoreModKind::None => consumer_wgs(hdim),
+/// Consumer warpgroups of the kernel with score modification `score_mod` and mask
+/// `mask`: the plain kernels' [`consumer_wgs`], except two at hdim 64 with a score
+/// modification or documents (at three, soft-capping's tanh, ALiBi's distances and the
+/// documents' loaded bounds made the 160-register consumers spill).
+pub const fn consumer_wgs_of(hdim: u32, score_mod: crate::ScoreModKind, mask: crate::MaskKind) -> u32 {
+    match (score_mod, mask) {
+        (crate::ScoreModKind::None, crate::MaskKind::Causal | crate::MaskKind::Local) => consumer_wgs(hdim),
         _ if hdim == 64 => 2,
         _ => consumer_wgs(hdim),
     }
@@ -266,7 +267,7 @@ pub const fn key_block(hdim: u32, seqlen_k: u32) -> u32 {
 /// 188 registers O, S and P take there; 64 is 1.4% behind 80 at 16k without a mask).
 pub const fn key_block_of(hdim: u32, seqlen_k: u32, mask: crate::MaskKind) -> u32 {
     match mask {
-        crate::MaskKind::Local if hdim == 256 => 64,
+        crate::MaskKind::Local | crate::MaskKind::Document if hdim == 256 => 64,
         _ => key_block(hdim, seqlen_k),
     }
 }
@@ -419,7 +420,8 @@ pub const fn multicast_pays(hdim: u32, seqlen_q: u32, seqlen_k: u32) -> bool {
 /// hdim 128 without pingpong in both dtypes, and the other ablation kernels at hdim 128
 /// fp16; each score modification (`ScoreModKind`) and the sliding window
 /// (`MaskKind::Local`, at hdim 256 with 64-key blocks only, [`key_block_of`]) with every
-/// technique.
+/// technique; documents (`MaskKind::Document`, with a window or not) without a score
+/// modification.
 #[macro_export]
 macro_rules! fa3_kernel_table {
     ($callback:ident) => {
@@ -486,6 +488,12 @@ macro_rules! fa3_kernel_table {
             fa3_fwd_hdim64_bf16_softcap_alibi_local => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Local;
             fa3_fwd_hdim128_bf16_softcap_alibi_local => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Local;
             fa3_fwd_hdim256_bf16_n64_softcap_alibi_local => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Local;
+            fa3_fwd_hdim64_f16_document => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, None, Document;
+            fa3_fwd_hdim128_f16_document => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None, Document;
+            fa3_fwd_hdim256_f16_n64_document => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None, Document;
+            fa3_fwd_hdim64_bf16_document => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, None, Document;
+            fa3_fwd_hdim128_bf16_document => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None, Document;
+            fa3_fwd_hdim256_bf16_n64_document => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None, Document;
         }
     };
 }
@@ -690,8 +698,11 @@ mod tests {
             for seqlen_k in [1, 64, 4096, 4097, 16384] {
                 for score_mod in [crate::ScoreModKind::None, crate::ScoreModKind::Softcap, crate::ScoreModKind::Alibi] {
                     for dtype in [crate::DType::F16, crate::DType::BF16] {
-                        for mask in [crate::MaskKind::Causal, crate::MaskKind::Local] {
-                            let (wgs, keys) = (consumer_wgs_of(hdim, score_mod), key_block_of(hdim, seqlen_k, mask));
+                        for mask in [crate::MaskKind::Causal, crate::MaskKind::Local, crate::MaskKind::Document] {
+                            if mask == crate::MaskKind::Document && score_mod != crate::ScoreModKind::None {
+                                continue;
+                            }
+                            let (wgs, keys) = (consumer_wgs_of(hdim, score_mod, mask), key_block_of(hdim, seqlen_k, mask));
                             assert!(
                                 crate::find_kernel(Algo::Fa3(Techniques::FULL), hdim, dtype, 1, seqlen_k, score_mod, mask)
                                     .is_some_and(|k| k.consumer_wgs == wgs && k.block_n == keys),

@@ -86,6 +86,16 @@ pub enum MaskKind {
     /// Those outside a sliding window ([`window::KeyWindow`], causal folded in): key
     /// blocks start past 0 and masked blocks sit at both ends of a tile's range.
     Local,
+    /// Those outside the row's document (packed sequences, [`window::DocumentBounds`])
+    /// or window: [`MaskKind::Local`] with each row's range narrowed to its document.
+    Document,
+}
+
+impl MaskKind {
+    /// Whether a row's keys are a range that may start past key 0 (a window or documents).
+    pub const fn is_local(self) -> bool {
+        matches!(self, MaskKind::Local | MaskKind::Document)
+    }
 }
 
 /// A compiled kernel entry point.
@@ -190,7 +200,7 @@ impl KernelEntry {
 pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: u32, score_mod: ScoreModKind, mask: MaskKind) -> Option<&'static KernelEntry> {
     let (wgs, block_n) = match algo {
         Algo::Fa2 => (0, 0),
-        Algo::Fa3(_) => (fa3::consumer_wgs_of(hdim, score_mod), fa3::key_block_of(hdim, seqlen_k, mask)),
+        Algo::Fa3(_) => (fa3::consumer_wgs_of(hdim, score_mod, mask), fa3::key_block_of(hdim, seqlen_k, mask)),
     };
     KERNELS.iter().find(|k| {
         k.kind == KernelKind::Forward
@@ -263,6 +273,8 @@ pub struct FwdParams {
     pub alibi_inv_scale: f32,
     /// Local kernels ([`MaskKind::Local`]): the window, causal folded in.
     pub window: window::KeyWindow,
+    /// Local kernels: packed documents (rows see only keys of their own document).
+    pub docs: window::DocumentBounds,
     /// Attention sinks (FA3 kernels): device address of f32 logits `[heads_q]` that join
     /// every row's softmax denominator (natural-log units, as the logits); 0: none.
     pub sinks: u64,
@@ -311,6 +323,12 @@ pub mod fa2 {
 }
 
 impl FwdParams {
+    /// The key ranges of the local kernels (window and documents) of one batch.
+    #[inline(always)]
+    pub fn key_ranges<D: window::Documents>(&self, docs: D) -> window::KeyRanges<D> {
+        window::KeyRanges { window: self.window, seqlen_q: self.seqlen_q, seqlen_k: self.seqlen_k, docs }
+    }
+
     /// With a causal mask, query `i` (0-based) may attend key `j` iff `j <= i + offset`
     /// (bottom-right alignment, as in FlashAttention 2.1+); `None` without a mask.
     #[inline(always)]

@@ -1,6 +1,7 @@
 //! `flash_attn_func` and `flash_attn_backward`: the public entry points.
 use crate::error::{AttnError, Result};
 use crate::gpu::Gpu;
+use crate::documents::DocsDesc;
 use crate::plan::{AlibiDesc, AttnOptions, DeviceVec, FwdPlan, TensorDesc, plan_forward};
 use crate::plan_bwd::{BwdTensors, backward_workspace_bytes, plan_backward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
@@ -93,6 +94,7 @@ pub fn flash_attn_func_into(
     let (lse_ptr, _lse_sync) = lse.device_ptr_mut(stream);
     let (alibi, _alibi_sync) = alibi_desc(opts, stream);
     let (sinks, _sinks_sync) = sinks_desc(opts, stream);
+    let (documents, _docs_sync) = docs_desc(opts, stream);
     let plan = plan_forward(
         &desc(q, q_ptr),
         &desc(k, k_ptr),
@@ -102,6 +104,7 @@ pub fn flash_attn_func_into(
         opts,
         alibi,
         sinks,
+        documents,
         gpu.info().sm_count,
     )?;
     launch(gpu, stream, &plan)
@@ -109,8 +112,8 @@ pub fn flash_attn_func_into(
 
 /// The forward on raw device addresses (for bindings that own their memory, such as a
 /// PyTorch extension): the same validation and kernels as [`flash_attn_func_into`],
-/// with the tensors, the LSE (`(address, f32 elements)`), the ALiBi slopes and the sink
-/// logits given as addresses, and `stream` any stream of `gpu`'s context (e.g. one from
+/// with the tensors, the LSE (`(address, f32 elements)`), the ALiBi slopes, the sink
+/// logits and the document bounds given as addresses, and `stream` any stream of `gpu`'s context (e.g. one from
 /// `CudaContext::wrap_borrowed_stream`).
 ///
 /// # Safety
@@ -129,12 +132,24 @@ pub unsafe fn flash_attn_raw(
     opts: &AttnOptions,
     alibi: Option<AlibiDesc>,
     sinks: Option<DeviceVec>,
+    documents: Option<DocsDesc>,
 ) -> Result<()> {
     if !Arc::ptr_eq(stream.context(), gpu.context()) {
         return Err(AttnError::ForeignStream);
     }
-    let plan = plan_forward(q, k, v, out, lse, opts, alibi, sinks, gpu.info().sm_count)?;
+    let plan = plan_forward(q, k, v, out, lse, opts, alibi, sinks, documents, gpu.info().sm_count)?;
     launch(gpu, stream, &plan)
+}
+
+/// The options' document mask as the planners take it, and its read guard.
+fn docs_desc<'a>(opts: &AttnOptions<'a>, stream: &'a Arc<CudaStream>) -> (Option<DocsDesc>, Option<SyncOnDrop<'a>>) {
+    match opts.documents {
+        Some(d) => {
+            let (desc, sync) = d.desc(stream);
+            (Some(desc), Some(sync))
+        }
+        None => (None, None),
+    }
 }
 
 /// The options' sink logits as the planners take them, and their read guard.
@@ -297,6 +312,7 @@ pub fn flash_attn_backward_into(
     let (ws_ptr, _ws_sync) = workspace.device_ptr_mut(stream);
     let (alibi, _alibi_sync) = alibi_desc(opts, stream);
     let (sinks, _sinks_sync) = sinks_desc(opts, stream);
+    let (documents, _docs_sync) = docs_desc(opts, stream);
     let dsinks_len = dsinks.as_ref().map_or(0, |d| d.len());
     let (dsinks, _dsinks_sync) = match dsinks {
         Some(d) => {
@@ -319,6 +335,7 @@ pub fn flash_attn_backward_into(
         alibi,
         sinks,
         dsinks,
+        documents,
     };
     launch_backward(gpu, stream, &tensors, opts)
 }

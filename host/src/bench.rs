@@ -18,7 +18,34 @@ pub fn fwd_flops(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, h
 /// some mask leaves visible (the sliding-window tables count these; without a window
 /// [`fwd_flops`]' convention stays, which halves the causal square).
 pub fn fwd_flops_visible(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, hdim: usize, causal: bool, window: Option<Window>) -> f64 {
-    let pairs: usize = (0..seqlen_q).map(|i| visible_keys(i, seqlen_q, seqlen_k, causal, window).len()).sum();
+    fwd_flops_visible_docs(batch, heads, seqlen_q, seqlen_k, hdim, causal, window, None)
+}
+
+/// [`fwd_flops_visible`] with packed documents too (`doc_ids`: one id per key token,
+/// shared by the batch; rows sit at key `i + seqlen_k − seqlen_q`).
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_flops_visible_docs(
+    batch: usize,
+    heads: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    hdim: usize,
+    causal: bool,
+    window: Option<Window>,
+    doc_ids: Option<&[u32]>,
+) -> f64 {
+    let pairs: usize = (0..seqlen_q)
+        .map(|i| {
+            let keys = visible_keys(i, seqlen_q, seqlen_k, causal, window);
+            match doc_ids {
+                Some(ids) => {
+                    let id = ids[i + seqlen_k - seqlen_q];
+                    keys.filter(|&j| ids[j] == id).count()
+                }
+                None => keys.len(),
+            }
+        })
+        .sum();
     4.0 * batch as f64 * heads as f64 * pairs as f64 * hdim as f64
 }
 

@@ -39,6 +39,8 @@ pub enum Arg {
     VDescale,
     /// The random signs of incoherent processing (`QuantizeOptions::hadamard`).
     Signs,
+    /// The document mask (`AttnOptions::documents`).
+    Documents,
 }
 
 impl fmt::Display for Arg {
@@ -56,6 +58,7 @@ impl fmt::Display for Arg {
             Arg::KDescale => "k_descale",
             Arg::VDescale => "v_descale",
             Arg::Signs => "signs",
+            Arg::Documents => "documents",
             Arg::DOut => "dout",
             Arg::Dq => "dq",
             Arg::Dk => "dk",
@@ -186,6 +189,9 @@ pub enum AttnError {
     InvalidScale(f32),
     /// `softcap` is NaN, infinite, zero or negative.
     InvalidSoftcap(f32),
+    /// Document ids or lengths that do not describe packed documents (a document's
+    /// tokens not contiguous, lengths that do not add up to the sequence, ...).
+    InvalidDocuments(String),
     /// The options ask for something the chosen kernel cannot do.
     Unsupported(String),
     /// A dequantization factor (or a Hadamard sign) is zero, negative or not finite.
@@ -260,6 +266,7 @@ impl fmt::Display for AttnError {
             }
             InvalidScale(s) => write!(f, "softmax_scale must be finite and non-negative, got {s}"),
             InvalidSoftcap(c) => write!(f, "softcap must be finite and positive, got {c}"),
+            InvalidDocuments(m) => write!(f, "invalid documents: {m}"),
             Unsupported(m) => write!(f, "unsupported option: {m}"),
             InvalidDescale { arg, index, value } => write!(f, "{arg}[{index}] is {value}; dequantization factors must be finite and positive"),
             BlockSize { arg, got, expected } => write!(f, "{arg}: blocks of {got} rows, but the FP8 kernel's tiles at this head dim are {expected}"),

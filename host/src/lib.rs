@@ -19,6 +19,7 @@
 pub mod api;
 pub mod bench;
 pub mod check;
+pub mod documents;
 pub mod error;
 pub mod fp8;
 pub mod gpu;
@@ -32,6 +33,7 @@ pub mod tma;
 pub use api::{AttnOutput, Grads, flash_attn_backward, flash_attn_backward_into, flash_attn_backward_raw, flash_attn_func, flash_attn_func_into, flash_attn_raw};
 pub use common::fa3::Techniques;
 pub use common::{Algo, DType};
+pub use documents::{DocsDesc, DocumentMask};
 pub use error::{Arg, AttnError, Result};
 pub use gpu::{Gpu, GpuInfo, driver_present};
 pub use plan::{AlibiDesc, AlibiSlopes, AttnOptions, DeviceVec, Schedule, TensorDesc, Window, plan_forward};

@@ -3,6 +3,7 @@
 use crate::error::{Arg, AttnError, Result};
 use crate::tensor::Layout;
 use crate::tma::TensorMapSpec;
+use crate::documents::{DocsDesc, DocumentMask};
 use cudarc::driver::CudaSlice;
 use common::fa3::{self, Techniques};
 use common::bwd;
@@ -138,6 +139,11 @@ pub struct AttnOptions<'a> {
     /// (the sink's LSE and a zero output if it sees no key); the backward returns their
     /// gradient. FlashAttention-3 kernels only.
     pub sinks: Option<&'a CudaSlice<f32>>,
+    /// Packed documents: each query row sees only the keys of its own document
+    /// (FlexAttention's document mask), forward and backward; combines with `causal`, a
+    /// `window` and `sinks` (not with `softcap` or `alibi`). Key blocks of other
+    /// documents are neither loaded nor computed. Needs `seqlen_q <= seqlen_k`.
+    pub documents: Option<&'a DocumentMask>,
 }
 
 /// Grid of the FA3 kernels.
@@ -220,23 +226,36 @@ impl<'a> AttnOptions<'a> {
         self
     }
 
+    /// Restricts each query row to the keys of its own document (see
+    /// [`AttnOptions::documents`](struct.AttnOptions.html#structfield.documents)).
+    pub fn documents(mut self, documents: &'a DocumentMask) -> Self {
+        self.documents = Some(documents);
+        self
+    }
+
     /// The mask these options compile in (`seqlen_q`, `seqlen_k`: the call's, which a
-    /// window limits).
-    pub(crate) fn mask_kind(&self, seqlen_q: usize, seqlen_k: usize) -> Result<MaskKind> {
-        if !self.window.is_some_and(|w| w.is_bounded()) {
+    /// window or documents limit; `documents`: whether the call has them), and the
+    /// score modification it checked goes with it.
+    pub(crate) fn mask_kind(&self, seqlen_q: usize, seqlen_k: usize, documents: bool, score_mod: ScoreModKind) -> Result<MaskKind> {
+        if !documents && !self.window.is_some_and(|w| w.is_bounded()) {
             return Ok(MaskKind::Causal);
         }
         let max = common::window::MAX_SEQLEN as usize;
         if seqlen_q > max || seqlen_k > max {
-            return Err(AttnError::TooLarge(format!("sequence length over {max} with a sliding window")));
+            return Err(AttnError::TooLarge(format!("sequence length over {max} with a sliding window or documents")));
         }
-        Ok(MaskKind::Local)
+        if documents && score_mod != ScoreModKind::None {
+            return Err(AttnError::Unsupported(format!("documents have no kernel with {score_mod:?}")));
+        }
+        Ok(if documents { MaskKind::Document } else { MaskKind::Local })
     }
 
-    /// The window's parameters of a call with mask `mask`.
+    /// The window's parameters of a call with mask `mask` (with documents and no window,
+    /// an unbounded one, causal folded in).
     pub(crate) fn key_window(&self, mask: MaskKind, seqlen_q: usize, seqlen_k: usize) -> KeyWindow {
         match (mask, self.window) {
             (MaskKind::Local, Some(w)) => w.key_window(self.causal, seqlen_q, seqlen_k),
+            (MaskKind::Document, w) => w.unwrap_or_default().key_window(self.causal, seqlen_q, seqlen_k),
             _ => KeyWindow::default(),
         }
     }
@@ -484,6 +503,7 @@ pub fn plan_forward(
     opts: &AttnOptions,
     alibi: Option<AlibiDesc>,
     sinks: Option<DeviceVec>,
+    documents: Option<DocsDesc>,
     sm_count: u32,
 ) -> Result<FwdPlan> {
     if q.dtype != k.dtype || q.dtype != v.dtype {
@@ -530,8 +550,9 @@ pub fn plan_forward(
     if score_mod != ScoreModKind::None && algo != Algo::Fa3(Techniques::FULL) {
         return Err(AttnError::Unsupported(format!("{score_mod:?} has kernels only for FlashAttention-3 with every technique (not {algo:?})")));
     }
-    let mask = opts.mask_kind(seqlen_q, seqlen_k)?;
-    let local = mask == MaskKind::Local;
+    let mask = opts.mask_kind(seqlen_q, seqlen_k, documents.is_some(), score_mod)?;
+    let docs = documents.map(|d| d.check(batch, seqlen_q, seqlen_k)).transpose()?.unwrap_or_default();
+    let local = mask.is_local();
     if let Some(s) = sinks {
         s.check(Arg::Sinks, heads_q)?;
         if !matches!(algo, Algo::Fa3(_)) {
@@ -539,7 +560,7 @@ pub fn plan_forward(
         }
     }
     if local && algo != Algo::Fa3(Techniques::FULL) {
-        return Err(AttnError::Unsupported(format!("sliding windows have kernels only for FlashAttention-3 with every technique (not {algo:?})")));
+        return Err(AttnError::Unsupported(format!("sliding windows and documents have kernels only for FlashAttention-3 with every technique (not {algo:?})")));
     }
     let tile_rows = fa3::block_m(hdim as u32) as usize;
     let schedule = match (opts.schedule, algo) {
@@ -571,7 +592,7 @@ pub fn plan_forward(
             return Err(AttnError::Unsupported(format!("multicast clusters have no {score_mod:?} kernel")));
         }
         (Schedule::PersistentMulticast, _) if local => {
-            return Err(AttnError::Unsupported("multicast clusters have no sliding-window kernel".into()));
+            return Err(AttnError::Unsupported("multicast clusters have no sliding-window or document kernel".into()));
         }
         (Schedule::PersistentMulticast, _) if opts.causal => {
             return Err(AttnError::Unsupported(
@@ -607,6 +628,7 @@ pub fn plan_forward(
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
         window: opts.key_window(mask, seqlen_q, seqlen_k),
+        docs,
         sinks: sinks.map_or(0, |s| s.addr),
         tile_counter: 0,
         section_log2: 0,

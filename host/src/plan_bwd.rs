@@ -4,7 +4,8 @@ use crate::error::{Arg, AttnError, Result};
 use crate::plan::{DeviceVec, AlibiDesc, AttnOptions, TensorDesc, ScoreModParams, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
-use common::{KernelEntry, MaskKind};
+use common::KernelEntry;
+use crate::documents::DocsDesc;
 
 /// Alignment of each region of the workspace.
 const REGION_ALIGN: usize = 256;
@@ -109,6 +110,8 @@ pub struct BwdTensors {
     pub sinks: Option<DeviceVec>,
     /// Where to write the sinks' gradient (`[heads_q]` f32); only with `sinks`.
     pub dsinks: Option<DeviceVec>,
+    /// The forward's document mask, if it had one.
+    pub documents: Option<DocsDesc>,
 }
 
 /// Validates a backward call and plans its launches on a GPU with `sm_count` SMs (the
@@ -179,7 +182,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     // read what they are overwriting.
     check_disjoint(&all)?;
     let score_mod = opts.score_mod(t.alibi.is_some())?;
-    let mask = opts.mask_kind(seqlen_q, seqlen_k)?;
+    let mask = opts.mask_kind(seqlen_q, seqlen_k, t.documents.is_some(), score_mod)?;
+    let docs = t.documents.map(|d| d.check(batch, seqlen_q, seqlen_k)).transpose()?.unwrap_or_default();
     let find = |stage| bwd::find(stage, hdim as u32, dtype, score_mod, mask).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
     let main_stage = if opts.deterministic { BwdStage::MainDeterministic } else { BwdStage::Main };
     let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);
@@ -201,7 +205,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         dq_semaphore: if opts.deterministic { ws_addr + ws.semaphores as u64 } else { 0 },
         dq_order: DqOrder::choose(
             opts.deterministic,
-            opts.causal || mask == MaskKind::Local,
+            opts.causal || mask.is_local(),
             (seqlen_q as u32).div_ceil(bwd::block_m(hdim as u32)),
             (seqlen_k as u32).div_ceil(bwd::BLOCK_N),
             sm_count,
@@ -230,6 +234,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
         window: opts.key_window(mask, seqlen_q, seqlen_k),
+        docs,
         sinks: 0,
         dsinks: 0,
         sink_partials: 0,

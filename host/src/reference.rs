@@ -80,6 +80,31 @@ pub struct Problem<'a> {
     /// Attention sinks: one logit per query head, `[heads_q]`, that joins every row's
     /// softmax denominator (and nothing else: it has no value).
     pub sinks: Option<&'a [f32]>,
+    /// Packed documents: query `i` sees key `j` only if the key position
+    /// `i + seqlen_k − seqlen_q` has `j`'s document id (needs `seqlen_q <= seqlen_k`).
+    pub docs: Option<HostDocs<'a>>,
+}
+
+/// Document ids on the host, one per key token: `[seqlen_k]` shared by the batch, or
+/// `[batch, seqlen_k]` when `per_batch`.
+#[derive(Clone, Copy, Debug)]
+pub struct HostDocs<'a> {
+    /// The ids.
+    pub ids: &'a [u32],
+    /// One row of ids per batch element.
+    pub per_batch: bool,
+}
+
+impl HostDocs<'_> {
+    /// The keys of the document that holds key position `pos` of batch `b`: the run of
+    /// equal ids around it (sequences of `seqlen` keys).
+    pub fn run(&self, b: usize, pos: usize, seqlen: usize) -> std::ops::Range<usize> {
+        let ids = &self.ids[if self.per_batch { b * seqlen } else { 0 }..][..seqlen];
+        let id = ids[pos];
+        let start = ids[..pos].iter().rposition(|&x| x != id).map_or(0, |p| p + 1);
+        let end = ids[pos..].iter().position(|&x| x != id).map_or(seqlen, |p| pos + p);
+        start..end
+    }
 }
 
 /// ALiBi's standard slopes for `heads` heads (Press et al.): `2^(-8 (h + 1) / heads)`.
@@ -101,7 +126,7 @@ pub struct HostAlibi<'a> {
 impl<'a> Problem<'a> {
     /// Attention with no variant: optionally causal, scale `scale`.
     pub fn plain(q: &'a HostTensor, k: &'a HostTensor, v: &'a HostTensor, causal: bool, scale: f32) -> Self {
-        Problem { q, k, v, causal, scale, softcap: None, alibi: None, window: None, sinks: None }
+        Problem { q, k, v, causal, scale, softcap: None, alibi: None, window: None, sinks: None, docs: None }
     }
 }
 
@@ -157,15 +182,26 @@ impl Problem<'_> {
         self.softcap.is_some() || self.alibi.is_some()
     }
 
-    /// The keys query row `i` sees: all of them; up to its bottom-right diagonal under the
-    /// causal mask; within the window around the diagonal.
-    pub fn visible_range(&self, i: usize) -> std::ops::Range<usize> {
-        crate::plan::visible_keys(i, self.q.shape[1], self.k.shape[1], self.causal, self.window)
+    /// The keys query row `i` of batch `b` sees: all of them; up to its bottom-right
+    /// diagonal under the causal mask; within the window around the diagonal; in its
+    /// document.
+    pub fn visible_range(&self, b: usize, i: usize) -> std::ops::Range<usize> {
+        let (sq, sk) = (self.q.shape[1], self.k.shape[1]);
+        let keys = crate::plan::visible_keys(i, sq, sk, self.causal, self.window);
+        match self.docs {
+            Some(d) => {
+                assert!(sq <= sk, "documents need seqlen_q <= seqlen_k");
+                let doc = d.run(b, i + sk - sq, sk);
+                let (lo, hi) = (keys.start.max(doc.start), keys.end.min(doc.end));
+                lo..hi.max(lo)
+            }
+            None => keys,
+        }
     }
 
-    /// Whether query row `i` sees key `j`.
-    pub fn sees(&self, i: usize, j: usize) -> bool {
-        self.visible_range(i).contains(&j)
+    /// Whether query row `i` of batch `b` sees key `j`.
+    pub fn sees(&self, b: usize, i: usize, j: usize) -> bool {
+        self.visible_range(b, i).contains(&j)
     }
 }
 
@@ -234,7 +270,7 @@ pub fn attention_f64(p: &Problem<'_>) -> AttnResult<f64> {
     let scale = p.scale as f64;
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
-        let keys = p.visible_range(i);
+        let keys = p.visible_range(b, i);
         let sink = p.sink(h).map(f64::from);
         if keys.is_empty() {
             // O = 0; the sink alone makes the denominator.
@@ -265,7 +301,7 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
     let (_, _, _, hq, hk, _) = p.dims();
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
-        let keys = p.visible_range(i);
+        let keys = p.visible_range(b, i);
         let sink = p.sink(h);
         if keys.is_empty() {
             return sink.unwrap_or(f32::INFINITY);
@@ -320,7 +356,7 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
         // first row's first visible key to the last row's last (both move right with the
         // row).
         let m0 = i / block_m * block_m;
-        let (lo, hi) = (p.visible_range(m0).start, p.visible_range((m0 + block_m).min(sq) - 1).end);
+        let (lo, hi) = (p.visible_range(b, m0).start, p.visible_range(b, (m0 + block_m).min(sq) - 1).end);
         let tiles = if hi > lo { lo / block_n..hi.div_ceil(block_n) } else { 0..0 };
         let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
         let mut acc = vec![0.0f32; d];
@@ -329,7 +365,7 @@ pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) 
             let s: Vec<f32> = cols
                 .clone()
                 .map(|j| {
-                    if p.sees(i, j) {
+                    if p.sees(b, i, j) {
                         let dot: f32 = q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum();
                         if p.modifies_scores() { p.logit_f32(dot * p.scale, b, h, i, j) } else { dot }
                     } else {

@@ -70,6 +70,19 @@ macro_rules! mask_type {
     (Local) => {
         fa3::mask::LocalMask
     };
+    (Document) => {
+        fa3::mask::LocalMask<fa3::mask::DeviceDocs>
+    };
+}
+
+/// The document source of a kernel table's `MaskKind` name (backward).
+macro_rules! docs_type {
+    (Document) => {
+        fa3::mask::DeviceDocs
+    };
+    ($other:ident) => {
+        common::window::NoDocuments
+    };
 }
 
 /// The FA3 entry points, from `common::fa3_kernel_table`: each gets its traits type.
@@ -195,7 +208,8 @@ macro_rules! bwd_entries {
                 const DETERMINISTIC: bool = $deterministic;
                 const SOFTCAP: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Softcap | common::ScoreModKind::SoftcapAlibi);
                 const ALIBI: bool = matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Alibi | common::ScoreModKind::SoftcapAlibi);
-                const LOCAL: bool = matches!(common::MaskKind::$mask, common::MaskKind::Local);
+                const LOCAL: bool = matches!(common::MaskKind::$mask, common::MaskKind::Local | common::MaskKind::Document);
+                type Docs = docs_type!($mask);
             }
             let tma = kernel_param0_address!($name);
             unsafe { bwd::bwd::<Traits>(tma, p) }

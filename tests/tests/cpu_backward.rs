@@ -10,7 +10,7 @@ use flash_attn3::reference::backward::{
     causal_first_query_block, visited_block_pairs,
     query_block_range, rows_seeing,
 };
-use flash_attn3::reference::{HostAlibi, HostTensor, Window, Problem, Tiling, attention_f64, attention_tiled, rng, within_budget};
+use flash_attn3::reference::{HostAlibi, HostDocs, HostTensor, Window, Problem, Tiling, attention_f64, attention_tiled, rng, within_budget};
 use proptest::prelude::*;
 
 /// `N(0, std^2)` values rounded to bf16.
@@ -110,9 +110,9 @@ proptest! {
     /// mask off by one) is off by O(|g|).
     /// With soft-capping (a third of the cases) the gradients include tanh's
     /// derivative; with ALiBi (another third, per head or per (batch, head)) the bias
-    /// moves P but not dS's formula.
+    /// moves P but not dS's formula; with packed documents (a third, per batch).
     #[test]
-    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..6, cap in 1.0f32..8.0, slope in 0.01f32..0.5, left in 0usize..6, right in proptest::option::of(0usize..6), sink in proptest::option::of(-3.0f32..3.0)) {
+    fn exact_gradients_match_central_finite_differences((s, scale) in small_shapes(), variant in 0u8..6, cap in 1.0f32..8.0, slope in 0.01f32..0.5, left in 0usize..6, right in proptest::option::of(0usize..6), sink in proptest::option::of(-3.0f32..3.0), doc_lens in proptest::option::weighted(0.33, proptest::collection::vec(1usize..5, 1..4))) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
@@ -120,7 +120,9 @@ proptest! {
         let (softcap, alibi, window) = variant_of(variant, cap, &slopes, s.seed % 2 == 1, Window { left: Some(left), right });
         let sink_logits = sink.map(|x| sink_logits(hq, x));
         let sinks = sink_logits.as_deref();
-        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks }, &dout);
+        let ids = doc_lens.filter(|_| s.sq <= s.sk).map(|l| flash_attn3::documents::packed_doc_ids(s.b, s.sk, &l));
+        let docs = ids.as_deref().map(|ids| HostDocs { ids, per_batch: true });
+        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks, docs }, &dout);
         const H: f32 = 1.0 / 65536.0;
         for (name, which, g) in [("dQ", 0, &grads.dq), ("dK", 1, &grads.dk), ("dV", 2, &grads.dv)] {
             let x = [&q, &k, &v][which];
@@ -130,7 +132,7 @@ proptest! {
                     t.data[idx] += delta;
                     let mut qkv = [&q, &k, &v];
                     qkv[which] = &t;
-                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi, window, sinks };
+                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi, window, sinks, docs };
                     (loss(&p, &dout), t.data[idx] as f64)
                 };
                 let ((l_plus, x_plus), (l_minus, x_minus)) = (at(H), at(-H));
@@ -141,7 +143,7 @@ proptest! {
         }
         // The sinks' gradient, by the same differences on each sink logit.
         if let Some(logits) = &sink_logits {
-            let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks };
+            let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks, docs };
             let g = sink_grads_f64(&p, &dout);
             prop_assert_eq!(g.len(), hq);
             for (h, &want) in g.iter().enumerate() {
@@ -164,15 +166,17 @@ proptest! {
     /// The tiled recompute backward in f32 (operands not rounded) computes the exact
     /// gradients, for any tile shape, with seqlen_q != seqlen_k, GQA, causal masks and
     /// rows that see no key, from the tiled forward's O and LSE; with soft-capping or
-    /// ALiBi too.
+    /// ALiBi too, windows, sinks and packed documents (a third of the cases, per batch).
     #[test]
-    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..6, cap in 0.5f32..20.0, slope in 0.01f32..1.0, left in proptest::option::of(0usize..40), right in proptest::option::of(0usize..40), sink in proptest::option::of(-3.0f32..3.0)) {
+    fn tiled_backward_equals_exact_backward((s, tiling, scale) in tiled_cases(), variant in 0u8..6, cap in 0.5f32..20.0, slope in 0.01f32..1.0, left in proptest::option::of(0usize..40), right in proptest::option::of(0usize..40), sink in proptest::option::of(-3.0f32..3.0), doc_lens in proptest::option::weighted(0.33, proptest::collection::vec(1usize..30, 1..6))) {
         let hq = s.hk * s.group;
         let [q, k, v, dout] = inputs(s.b, s.sq, s.sk, hq, s.hk, s.d, DType::BF16, s.seed);
         let slopes = alibi_slopes(s.b, hq, slope, s.seed % 2 == 1);
         let (softcap, alibi, window) = variant_of(variant, cap, &slopes, s.seed % 2 == 1, Window { left, right });
         let sink_logits = sink.map(|x| sink_logits(hq, x));
-        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks: sink_logits.as_deref() };
+        let ids = doc_lens.filter(|_| s.sq <= s.sk).map(|l| flash_attn3::documents::packed_doc_ids(s.b, s.sk, &l));
+        let docs = ids.as_deref().map(|ids| HostDocs { ids, per_batch: true });
+        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks: sink_logits.as_deref(), docs };
         let exact = attention_backward_f64(&p, &dout);
         let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
         let tiled = attention_backward_tiled(&p, &dout, &fwd.o, &fwd.lse, tiling, None);
@@ -266,7 +270,7 @@ fn lowp_backward_error_is_small_but_nonzero() {
         for dtype in DType::ALL {
             let (sq, sk, causal) = [(48, 48, false), (48, 48, true), (33, 70, true), (70, 33, false)][seed as usize];
             let [q, k, v, dout] = inputs(1, sq, sk, 4, 2, 32, dtype, seed);
-            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None, window: None, sinks: None };
+            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None, window: None, sinks: None, docs: None };
             let exact = attention_backward_f64(&p, &dout);
             let errs = rel_errs(&attention_backward_lowp(&p, &dout, dtype), &exact);
             let [eq, ek, ev] = errs;
@@ -294,7 +298,7 @@ fn tiled_lowp_backward_is_within_twice_the_naive_error() {
         for (case, &(sq, sk, causal)) in shapes.iter().enumerate() {
             for seed in 0..3u64 {
                 let [q, k, v, dout] = inputs(1, sq, sk, 2, 1, 64, dtype, seed * 16 + case as u64);
-                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None, window: None, sinks: None };
+                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None, window: None, sinks: None, docs: None };
                 let exact = attention_backward_f64(&p, &dout);
                 let naive = attention_backward_lowp(&p, &dout, dtype).max_abs_err(&exact);
                 for tiling in tilings {
@@ -345,7 +349,7 @@ fn rows_without_keys_give_zero_dq_and_add_nothing_to_dk_dv() {
     let (q2, dout2) = (garble(&q, 77), garble(&dout, 78));
     let odd_tiles = BwdTiling { block_m: 3, block_n: 16 };
     let run = |q: &HostTensor, dout: &HostTensor| -> Vec<Grads<f64>> {
-        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None };
+        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None };
         let fwd = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
         assert!(fwd.lse.iter().enumerate().all(|(r, &l)| (r % sq < empty_rows) == (l == f32::INFINITY)));
         let widen = |g: Grads<f32>| Grads {
@@ -379,27 +383,42 @@ fn rows_without_keys_give_zero_dq_and_add_nothing_to_dk_dv() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// With a sliding window, a key block is visited by exactly the query blocks that
-    /// have a row seeing one of its keys (`query_block_range`, from the block's first
-    /// and last keys), and a key's rows are exactly those whose band holds it.
+    /// With a sliding window and documents, a key block is visited by exactly the query
+    /// blocks that have a row seeing one of its keys (`query_block_range`, from the
+    /// block's first and last keys), and a key's rows are exactly those whose band and
+    /// document hold it.
     #[test]
-    fn window_block_ranges_are_exactly_the_blocks_some_query_sees(
+    fn window_and_document_block_ranges_are_exactly_the_blocks_some_query_sees(
         sq in 1usize..120, sk in 1usize..120, block_m in 1usize..40, block_n in 1usize..40,
         causal in any::<bool>(), left in proptest::option::of(0usize..50), right in proptest::option::of(0usize..50),
+        doc_lens in proptest::option::of(proptest::collection::vec(1usize..30, 1..12)),
     ) {
         let (q, k) = (HostTensor::new([1, sq, 1, 1], vec![0.0; sq]), HostTensor::new([1, sk, 1, 1], vec![0.0; sk]));
-        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(Window { left, right }), sinks: None };
+        // Documents of these lengths (the last one filling the keys); rows sit at keys.
+        let ids: Option<Vec<u32>> = doc_lens.filter(|_| sq <= sk).map(|l| (0..sk).map(|j| {
+            let mut end = 0;
+            l.iter().position(|&len| { end += len; j < end }).unwrap_or(l.len()) as u32
+        }).collect());
+        let docs = ids.as_deref().map(|ids| HostDocs { ids, per_batch: false });
+        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(Window { left, right }), sinks: None, docs };
+        let off = sk - sq.min(sk);
         for j in 0..sk {
-            let want: Vec<usize> = (0..sq).filter(|&i| p.sees(i, j)).collect();
-            prop_assert_eq!(rows_seeing(&p, j).collect::<Vec<_>>(), want, "key {}", j);
+            let want: Vec<usize> = (0..sq)
+                .filter(|&i| p.sees(0, i, j))
+                .collect();
+            // Independently of `sees`: the same id.
+            if let Some(ids) = &ids {
+                prop_assert!(want.iter().all(|&i| ids[i + off] == ids[j]));
+            }
+            prop_assert_eq!(rows_seeing(&p, 0, j).collect::<Vec<_>>(), want, "key {}", j);
         }
         let tiling = BwdTiling { block_m, block_n };
         for n in 0..sk.div_ceil(block_n) {
             let keys = n * block_n..((n + 1) * block_n).min(sk);
             let want: Vec<usize> = (0..sq.div_ceil(block_m))
-                .filter(|&m| (m * block_m..((m + 1) * block_m).min(sq)).any(|i| keys.clone().any(|j| p.sees(i, j))))
+                .filter(|&m| (m * block_m..((m + 1) * block_m).min(sq)).any(|i| keys.clone().any(|j| p.sees(0, i, j))))
                 .collect();
-            prop_assert_eq!(query_block_range(&p, n, tiling).collect::<Vec<_>>(), want, "key block {}", n);
+            prop_assert_eq!(query_block_range(&p, 0, n, tiling).collect::<Vec<_>>(), want, "key block {}", n);
         }
     }
 }
@@ -411,7 +430,7 @@ fn sink_gradient_check_accepts_rounding_and_rejects_wrong_terms() {
     let (b, s, h, d) = (2, 300, 3, 64);
     let [q, k, v, dout] = inputs(b, s, s, h, h, d, DType::BF16, 7);
     let sinks = sink_logits(h, -0.5);
-    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.125, softcap: None, alibi: None, window: None, sinks: Some(&sinks) };
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.125, softcap: None, alibi: None, window: None, sinks: Some(&sinks), docs: None };
     let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, Some(DType::BF16));
     let given = flash_attn3::reference::backward::sink_grads_given(&p, &dout, &fwd.o, &fwd.lse);
     let right: Vec<f32> = given.iter().map(|&(g, _)| g as f32).collect();

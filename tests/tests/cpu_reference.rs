@@ -69,16 +69,20 @@ proptest! {
     /// with sliding windows (a third of the cases; windows narrower than a tile, rows
     /// that see no key), whose tiles come from the first row's first visible key to the
     /// last row's last; and with attention sinks (a third of the cases, logits from -20
-    /// to 20, below and above the rows' own; rows that see no key get the sink's LSE).
+    /// to 20, below and above the rows' own; rows that see no key get the sink's LSE); and
+    /// with packed documents (a third of the cases, per batch, documents shorter and
+    /// longer than a tile).
     #[test]
-    fn tiled_online_softmax_equals_exact_attention(c in cases(), window in proptest::option::weighted(0.33, (proptest::option::of(0usize..90), proptest::option::of(0usize..90))), sink in proptest::option::weighted(0.33, -20.0f32..20.0)) {
+    fn tiled_online_softmax_equals_exact_attention(c in cases(), window in proptest::option::weighted(0.33, (proptest::option::of(0usize..90), proptest::option::of(0usize..90))), sink in proptest::option::weighted(0.33, -20.0f32..20.0), doc_lens in proptest::option::weighted(0.33, proptest::collection::vec(1usize..40, 1..6))) {
         let hq = c.hk * c.group;
         let q = randn([c.b, c.sq, hq, c.d], c.seed, c.std);
         let k = randn([c.b, c.sk, c.hk, c.d], c.seed ^ 1, c.std);
         let v = randn([c.b, c.sk, c.hk, c.d], c.seed ^ 2, 1.0);
         let window = window.map(|(left, right)| Window { left, right });
         let sinks: Option<Vec<f32>> = sink.map(|x| (0..hq).map(|h| x - 1.5 * h as f32).collect());
-        let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: c.scale, softcap: None, alibi: None, window, sinks: sinks.as_deref() };
+        let ids = doc_lens.filter(|_| c.sq <= c.sk).map(|l| flash_attn3::documents::packed_doc_ids(c.b, c.sk, &l));
+        let docs = ids.as_deref().map(|ids| flash_attn3::reference::HostDocs { ids, per_batch: true });
+        let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: c.scale, softcap: None, alibi: None, window, sinks: sinks.as_deref(), docs };
         let exact = attention_f64(&p);
         let tiled = attention_tiled(&p, Tiling { block_m: c.block_m, block_n: c.block_n, lazy_rescale: c.lazy_rescale }, None);
         let o_err = max_abs_err(&tiled.o, &exact.o);
@@ -102,7 +106,7 @@ proptest! {
         let q = randn([b, s, h, d], seed, 1.0);
         let k = randn([b, s, h, d], seed ^ 1, 1.0);
         let v = randn([b, s, h, d], seed ^ 2, 1.0);
-        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.2, softcap: None, alibi: None, window: None, sinks: None };
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.2, softcap: None, alibi: None, window: None, sinks: None, docs: None };
         let exact = attention_f64(&p);
         for dtype in DType::ALL {
             let err = max_abs_err(&attention_lowp(&p, dtype).o, &exact.o);
@@ -120,7 +124,7 @@ fn softmax_rows_sum_to_one() {
     let k = randn([b, sk, h, d], 8, 2.0);
     let v = HostTensor::new([b, sk, h, d], vec![1.0; b * sk * h * d]);
     for causal in [false, true] {
-        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.7, softcap: None, alibi: None, window: None, sinks: None };
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.7, softcap: None, alibi: None, window: None, sinks: None, docs: None };
         let r = attention_f64(&p);
         assert!(r.o.iter().all(|&x| (x - 1.0).abs() < 1e-12));
     }
@@ -133,7 +137,7 @@ fn lse_is_log_sum_exp_of_scaled_scores() {
     let q = randn([1, sq, 1, d], 1, 1.0);
     let k = randn([1, sk, 1, d], 2, 1.0);
     let v = randn([1, sk, 1, d], 3, 1.0);
-    let p = Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.5, softcap: None, alibi: None, window: None, sinks: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.5, softcap: None, alibi: None, window: None, sinks: None, docs: None };
     let r = attention_f64(&p);
     for i in 0..sq {
         let direct: f64 = (0..sk)
@@ -156,8 +160,8 @@ fn causal_mask_is_bottom_right_aligned() {
     let q = randn([1, 4, 1, d], 11, 1.0);
     let k = randn([1, 10, 1, d], 12, 1.0);
     let v = randn([1, 10, 1, d], 13, 1.0);
-    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None };
-    assert_eq!((0..4).map(|i| p.visible_range(i)).collect::<Vec<_>>(), vec![0..7, 0..8, 0..9, 0..10]);
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+    assert_eq!((0..4).map(|i| p.visible_range(0, i)).collect::<Vec<_>>(), vec![0..7, 0..8, 0..9, 0..10]);
     let full = attention_f64(&Problem { causal: false, ..p });
     let causal = attention_f64(&p);
     // The last row sees everything: same as non-causal.
@@ -165,7 +169,7 @@ fn causal_mask_is_bottom_right_aligned() {
     assert_ne!(&causal.o[..d], &full.o[..d]);
 
     let q2 = randn([1, 10, 1, d], 14, 1.0);
-    let p2 = Problem { q: &q2, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None };
+    let p2 = Problem { q: &q2, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None };
     let r = attention_f64(&p2);
     for c in 0..d {
         assert!((r.o[c] - v.data[c] as f64).abs() < 1e-12);
@@ -180,7 +184,7 @@ fn rows_without_keys_give_zero_output_and_infinite_lse() {
     let q = randn([1, sq, 2, d], 21, 1.0);
     let k = randn([1, sk, 2, d], 22, 1.0);
     let v = randn([1, sk, 2, d], 23, 1.0);
-    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.25, softcap: None, alibi: None, window: None, sinks: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.25, softcap: None, alibi: None, window: None, sinks: None, docs: None };
     let empty_rows = sq - sk; // rows 0..14 see no key
     let exact = attention_f64(&p);
     let tiled = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
@@ -208,7 +212,7 @@ fn extreme_and_constant_logits_stay_finite_and_exact() {
     let k = randn([1, s, 1, d], 32, 3.0);
     let v = randn([1, s, 1, d], 33, 1.0);
     for scale in [100.0f32, 1000.0] {
-        let p = Problem { q: &q, k: &k, v: &v, causal: false, scale, softcap: None, alibi: None, window: None, sinks: None };
+        let p = Problem { q: &q, k: &k, v: &v, causal: false, scale, softcap: None, alibi: None, window: None, sinks: None, docs: None };
         let exact = attention_f64(&p);
         let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16, lazy_rescale: true }, None);
         assert!(tiled.o.iter().all(|x| x.is_finite()));
@@ -216,7 +220,7 @@ fn extreme_and_constant_logits_stay_finite_and_exact() {
     }
     // q = 0: every score is 0, weights uniform, O = mean of visible V rows, LSE = ln(n).
     let zeros = HostTensor::new([1, s, 1, d], vec![0.0; s * d]);
-    let p = Problem { q: &zeros, k: &k, v: &v, causal: true, scale: 1.0, softcap: None, alibi: None, window: None, sinks: None };
+    let p = Problem { q: &zeros, k: &k, v: &v, causal: true, scale: 1.0, softcap: None, alibi: None, window: None, sinks: None, docs: None };
     let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16, lazy_rescale: true }, None);
     for i in [0usize, 9, 69] {
         let n = i + 1;
@@ -236,7 +240,7 @@ fn lazy_rescaling_is_exact_when_the_max_keeps_climbing() {
     let k = HostTensor::new([1, s, 1, d], (0..s * d).map(|i| (i / d) as f32 * 0.7 / d as f32).collect());
     let v = randn([1, s, 1, d], 41, 1.0);
     for causal in [false, true] {
-        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0, softcap: None, alibi: None, window: None, sinks: None };
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0, softcap: None, alibi: None, window: None, sinks: None, docs: None };
         let exact = attention_f64(&p);
         // The f32 rounding of exponent arguments up to ~200 (as in the property above).
         let max_v = v.data.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
@@ -267,7 +271,7 @@ fn lazy_rescaling_keeps_the_low_precision_error_of_eager_rescaling() {
             let q = HostTensor::randn([1, sq, 2, d], dtype, 1.0, &mut rng(seed));
             let k = HostTensor::randn([1, sk, 1, d], dtype, 1.0, &mut rng(seed ^ 1));
             let v = HostTensor::randn([1, sk, 1, d], dtype, 1.0, &mut rng(seed ^ 2));
-            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap: None, alibi: None, window: None, sinks: None };
+            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap: None, alibi: None, window: None, sinks: None, docs: None };
             let exact = attention_f64(&p);
             let naive = max_abs_err(&attention_lowp(&p, dtype).o, &exact.o);
             // The tiles of the kernel the planner launches (hdim 256's key block depends on sk).
@@ -303,8 +307,8 @@ fn output_is_invariant_under_key_permutation() {
         HostTensor::new(t.shape, data)
     };
     let (k2, v2) = (perm(&k), perm(&v));
-    let a = attention_f64(&Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.4, softcap: None, alibi: None, window: None, sinks: None });
-    let b = attention_f64(&Problem { q: &q, k: &k2, v: &v2, causal: false, scale: 0.4, softcap: None, alibi: None, window: None, sinks: None });
+    let a = attention_f64(&Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.4, softcap: None, alibi: None, window: None, sinks: None, docs: None });
+    let b = attention_f64(&Problem { q: &q, k: &k2, v: &v2, causal: false, scale: 0.4, softcap: None, alibi: None, window: None, sinks: None, docs: None });
     assert!(max_abs_err(&a.o.iter().map(|&x| x as f32).collect::<Vec<_>>(), &b.o) < 1e-6);
 }
 
@@ -319,7 +323,7 @@ fn windows_see_the_band_around_the_diagonal() {
             for right in [None, Some(0), Some(2), Some(40)] {
                 for causal in [false, true] {
                     let window = Some(Window { left, right });
-                    let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window, sinks: None };
+                    let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window, sinks: None, docs: None };
                     for i in 0..sq {
                         let diag = i as i64 + sk as i64 - sq as i64;
                         let want: Vec<usize> = (0..sk)
@@ -330,7 +334,7 @@ fn windows_see_the_band_around_the_diagonal() {
                                     && (!causal || j <= diag)
                             })
                             .collect();
-                        let got: Vec<usize> = p.visible_range(i).collect();
+                        let got: Vec<usize> = p.visible_range(0, i).collect();
                         assert_eq!(got, want, "sq {sq} sk {sk} window {left:?},{right:?} causal {causal} row {i}");
                     }
                 }
@@ -342,20 +346,40 @@ fn windows_see_the_band_around_the_diagonal() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-    /// The kernels' window (`KeyWindow`, i32 bounds with unbounded sides stored as
+    /// The kernels' key ranges (`KeyWindow`, i32 bounds with unbounded sides stored as
     /// `max(seqlen_q, seqlen_k)` and causal folded into the right side, built by the
-    /// planner's `Window::key_window`) gives every row the same keys as the references'
-    /// `visible_keys`, with sides from 0 past both lengths.
+    /// planner's `Window::key_window`, and the document bounds of `document_bounds`) give
+    /// every row the same keys as the reference's `visible_range`, with sides from 0 past
+    /// both lengths and documents or not.
     #[test]
-    fn kernel_window_bounds_equal_the_reference_rows(
+    fn kernel_window_and_document_bounds_equal_the_reference_rows(
         sq in 1usize..300, sk in 1usize..300, causal in any::<bool>(),
         left in proptest::option::of(0usize..700), right in proptest::option::of(0usize..700),
+        doc_lens in proptest::option::of(proptest::collection::vec(1usize..80, 1..10)),
     ) {
         let window = Window { left, right };
         let w = window.key_window(causal, sq, sk);
+        let ids: Option<Vec<u32>> = doc_lens.filter(|_| sq <= sk).map(|l| {
+            let mut ids: Vec<u32> = l.iter().enumerate().flat_map(|(d, &n)| std::iter::repeat_n(d as u32, n)).collect();
+            ids.resize(sk, l.len() as u32);
+            ids
+        });
+        let bounds = ids.as_deref().map(|ids| flash_attn3::documents::document_bounds(ids).unwrap());
+        let (q, k) = (HostTensor::new([1, sq, 1, 1], vec![0.0; sq]), HostTensor::new([1, sk, 1, 1], vec![0.0; sk]));
+        let docs = ids.as_deref().map(|ids| flash_attn3::reference::HostDocs { ids, per_batch: false });
+        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(window), sinks: None, docs };
         for i in 0..sq {
-            let want = flash_attn3::plan::visible_keys(i, sq, sk, causal, Some(window));
-            let (first, end) = (w.first_key(i as i32, sq as u32, sk as u32).max(0), w.end_key(i as i32, sq as u32, sk as u32));
+            let want = p.visible_range(0, i);
+            let (first, end) = match &bounds {
+                Some(b) => {
+                    let r = common::window::KeyRanges { window: w, seqlen_q: sq as u32, seqlen_k: sk as u32, docs: b.as_slice() };
+                    (r.first_key(i as i32).max(0), r.end_key(i as i32))
+                }
+                None => {
+                    let r = w.ranges(sq as u32, sk as u32);
+                    (r.first_key(i as i32).max(0), r.end_key(i as i32))
+                }
+            };
             let got = if end > first { first as usize..end as usize } else { want.start..want.start };
             prop_assert_eq!(got.len(), want.len(), "row {}", i);
             if !want.is_empty() {

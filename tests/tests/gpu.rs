@@ -6,9 +6,9 @@
 //! Without a usable GPU every test is reported as ignored and the reason is printed.
 //! `FA3_REQUIRE_GPU=1` turns that into a failure (for runs that must not skip).
 use flash_attn3::check::check;
-use flash_attn3::reference::{AttnResult, HostAlibi, HostTensor, Problem, Window, rng};
+use flash_attn3::reference::{AttnResult, HostAlibi, HostDocs, HostTensor, Problem, Window, rng};
 use flash_attn3::{
-    Algo, AttnOptions, DType, DeviceTensor, Gpu, Layout, Schedule, Techniques, flash_attn_func_into, round_to,
+    Algo, AttnOptions, DType, DeviceTensor, DocumentMask, Gpu, Layout, Schedule, Techniques, flash_attn_func_into, round_to,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use support::{bits, padded, transposed};
@@ -55,6 +55,9 @@ struct Case {
     window: Option<(Option<usize>, Option<usize>)>,
     /// Attention sinks ([`support::sink_logits`]).
     sinks: bool,
+    /// Packed documents of these lengths (cycled, `flash_attn3::documents::packed_doc_ids`),
+    /// one packing per batch element (`true`) or one shared.
+    docs: Option<(&'static [usize], bool)>,
 }
 
 impl Case {
@@ -78,6 +81,7 @@ impl Case {
             alibi: None,
             window: None,
             sinks: false,
+            docs: None,
         }
     }
 
@@ -91,7 +95,7 @@ impl Case {
             Some(Algo::Fa3(_)) => "fa3nows",
         };
         format!(
-            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}",
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}{}",
             algo,
             self.dtype.name(),
             self.d,
@@ -104,6 +108,7 @@ impl Case {
             if self.storage == Storage::Strided { "_strided" } else { "" },
             if self.climbing { "_climbing" } else { "" },
             support::variant_suffix(self.softcap.is_some(), self.alibi, self.window, self.sinks),
+            support::docs_suffix(self.docs),
             match self.schedule {
                 Schedule::Auto => "",
                 Schedule::Persistent => "_persistent",
@@ -249,6 +254,21 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Packed documents: of one token, shorter and longer than a tile; one packing per
+    // batch element or shared; fewer queries than keys (rows at the last keys); GQA and
+    // MQA, strided, more tiles than SMs; with a window and with sinks.
+    for dtype in DType::ALL {
+        for d in [64, 128, 256] {
+            for causal in [false, true] {
+                let base = Case::base(None, dtype, d, causal);
+                v.push(Case { sq: 17, sk: 17, docs: Some((&[5], false)), ..base.clone() });
+                v.push(Case { sq: 1000, sk: 1000, hq: 4, hk: 1, docs: Some((&[1, 17, 100, 300, 64], true)), ..base.clone() });
+                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, docs: Some((&[333], false)), ..base.clone() });
+                v.push(Case { sq: 257, sk: 257, hq: 4, hk: 2, storage: Storage::Strided, window: Some((Some(20), Some(5))), docs: Some((&[50, 7], true)), ..base.clone() });
+                v.push(Case { b: 3, sq: 1500, sk: 1500, hq: 8, hk: 4, sinks: true, docs: Some((&[700, 128, 1], true)), ..base.clone() });
+            }
+        }
+    }
     // Soft-capping with ALiBi (the bias after the cap): every head dim, both dtypes and
     // masks, GQA, rows without keys, more tiles than SMs, and with a window.
     for dtype in DType::ALL {
@@ -323,11 +343,16 @@ fn run_once(
         Some(s) => Some(stream.clone_htod(s)?),
         None => None,
     };
+    let docs = match p.docs {
+        Some(d) => Some(DocumentMask::from_ids(stream, d.ids, d.per_batch.then_some(c.b))?),
+        None => None,
+    };
     let mut opts = AttnOptions {
         algo: c.algo,
         softcap: c.softcap,
         window,
         sinks: sinks.as_ref(),
+        documents: docs.as_ref(),
         ..AttnOptions::default().causal(c.causal).schedule(schedule)
     };
     if let (Some(dev), Some(a)) = (&slopes, p.alibi) {
@@ -356,7 +381,9 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
     let sink_logits = support::sink_logits(c.hq);
     let sinks = c.sinks.then_some(&sink_logits[..]);
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: c.window.map(|(left, right)| Window { left, right }), sinks };
+    let doc_ids = c.docs.map(|(lens, per_batch)| flash_attn3::documents::packed_doc_ids(if per_batch { c.b } else { 1 }, c.sk, lens));
+    let docs = c.docs.zip(doc_ids.as_deref()).map(|((_, per_batch), ids)| HostDocs { ids, per_batch });
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: c.window.map(|(left, right)| Window { left, right }), sinks, docs };
 
     let stream = gpu.new_stream()?;
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| {

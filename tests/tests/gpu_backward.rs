@@ -9,9 +9,9 @@
 use cudarc::driver::CudaStream;
 use flash_attn3::check::{check_backward, check_sink_grads};
 use flash_attn3::reference::backward::Grads as HostGrads;
-use flash_attn3::reference::{HostAlibi, HostTensor, Problem, Window, rng};
+use flash_attn3::reference::{HostAlibi, HostDocs, HostTensor, Problem, Window, rng};
 use flash_attn3::{
-    AttnError, AttnOptions, DType, DeviceTensor, Gpu, Layout, backward_workspace_bytes, flash_attn_backward_into,
+    AttnError, AttnOptions, DType, DeviceTensor, DocumentMask, Gpu, Layout, backward_workspace_bytes, flash_attn_backward_into,
     flash_attn_func,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -42,16 +42,19 @@ struct Case {
     window: Option<(Option<usize>, Option<usize>)>,
     /// Attention sinks ([`support::sink_logits`]), and their gradient checked.
     sinks: bool,
+    /// Packed documents of these lengths (cycled), one packing per batch element (`true`)
+    /// or one shared.
+    docs: Option<(&'static [usize], bool)>,
 }
 
 impl Case {
     fn base(dtype: DType, d: usize, causal: bool) -> Self {
-        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None, alibi: None, window: None, sinks: false }
+        Case { dtype, d, b: 2, sq: 1, sk: 1, hq: 3, hk: 3, causal, strided: false, deterministic: false, softcap: None, alibi: None, window: None, sinks: false, docs: None }
     }
 
     fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}",
+            "bwd_{}_d{}_b{}_sq{}_sk{}_h{}-{}_{}{}{}{}{}",
             self.dtype.name(),
             self.d,
             self.b,
@@ -63,6 +66,7 @@ impl Case {
             if self.strided { "_strided" } else { "" },
             if self.deterministic { "_deterministic" } else { "" },
             support::variant_suffix(self.softcap.is_some(), self.alibi, self.window, self.sinks),
+            support::docs_suffix(self.docs),
         )
     }
 }
@@ -144,6 +148,21 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // Packed documents: of one token, shorter and longer than a block; per batch or shared;
+    // fewer queries than keys; GQA and MQA, strided, the deterministic kernels (whose
+    // turns follow the documents' key block ranges), with a window and with sinks.
+    for dtype in DType::ALL {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let base = Case::base(dtype, d, causal);
+                v.push(Case { sq: 17, sk: 17, docs: Some((&[5], false)), ..base.clone() });
+                v.push(Case { sq: 1000, sk: 1000, hq: 4, hk: 1, docs: Some((&[1, 17, 100, 300, 64], true)), ..base.clone() });
+                v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, strided: true, docs: Some((&[333], false)), ..base.clone() });
+                v.push(Case { sq: 700, sk: 700, hq: 4, hk: 2, deterministic: true, docs: Some((&[250, 1, 128], true)), ..base.clone() });
+                v.push(Case { sq: 500, sk: 500, hq: 4, hk: 2, window: Some((Some(40), Some(8))), sinks: true, docs: Some((&[90, 33], true)), ..base });
+            }
+        }
+    }
     // Attention sinks: dQ, dK, dV through the forward's LSE, and the sinks' gradient:
     // GQA and rows that see no key, strided, deterministic (bit-identical dsinks too),
     // with a window, soft-capping and ALiBi; both masks.
@@ -180,6 +199,7 @@ fn launch(
     lse: &cudarc::driver::CudaSlice<f32>,
     slopes: &cudarc::driver::CudaSlice<f32>,
     sinks: &cudarc::driver::CudaSlice<f32>,
+    docs: Option<&DocumentMask>,
     workspace: Option<&mut cudarc::driver::CudaSlice<u8>>,
 ) -> Result<Outputs, Failed> {
     let layout = |shape: [usize; 4]| if c.strided { padded(shape) } else { (Layout::contiguous(shape), shape.iter().product()) };
@@ -190,7 +210,7 @@ fn launch(
     let (qs, ks) = ([c.b, c.sq, c.hq, c.d], [c.b, c.sk, c.hk, c.d]);
     let mut grads = [poisoned(qs)?, poisoned(ks)?, poisoned(ks)?];
     let [q, k, v, dout] = inputs;
-    let mut opts = AttnOptions { softcap: c.softcap, window: window_of(c), ..AttnOptions::default().causal(c.causal).deterministic(c.deterministic) };
+    let mut opts = AttnOptions { softcap: c.softcap, window: window_of(c), documents: docs, ..AttnOptions::default().causal(c.causal).deterministic(c.deterministic) };
     if let Some(per_batch) = c.alibi {
         opts = opts.alibi(slopes, per_batch);
     }
@@ -232,11 +252,17 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
     let sink_logits = support::sink_logits(c.hq);
     let sinks = c.sinks.then_some(&sink_logits[..]);
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c), sinks };
+    let doc_ids = c.docs.map(|(lens, per_batch)| flash_attn3::documents::packed_doc_ids(if per_batch { c.b } else { 1 }, c.sk, lens));
+    let docs = c.docs.zip(doc_ids.as_deref()).map(|((_, per_batch), ids)| HostDocs { ids, per_batch });
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c), sinks, docs };
 
     let stream = gpu.new_stream()?;
     let dev_slopes = stream.clone_htod(&slopes)?;
     let dev_sinks = stream.clone_htod(&sink_logits)?;
+    let dev_docs = match docs {
+        Some(d) => Some(DocumentMask::from_ids(&stream, d.ids, d.per_batch.then_some(c.b))?),
+        None => None,
+    };
     let upload = |t: &HostTensor, (layout, len): (Layout, usize)| DeviceTensor::from_f32_strided(&stream, c.dtype, layout, len, &t.data, f32::NAN);
     let packed = |t: &HostTensor| (Layout::contiguous(t.shape), t.data.len());
     let inputs = if c.strided {
@@ -244,7 +270,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     } else {
         [upload(&q, packed(&q))?, upload(&k, packed(&k))?, upload(&v, packed(&v))?, upload(&dout, packed(&dout))?]
     };
-    let mut fwd_opts = AttnOptions { softcap: c.softcap, window: window_of(c), ..AttnOptions::default().causal(c.causal) };
+    let mut fwd_opts = AttnOptions { softcap: c.softcap, window: window_of(c), documents: dev_docs.as_ref(), ..AttnOptions::default().causal(c.causal) };
     if let Some(per_batch) = c.alibi {
         fwd_opts = fwd_opts.alibi(&dev_slopes, per_batch);
     }
@@ -254,7 +280,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let fwd = flash_attn_func(gpu, &stream, &inputs[0].as_ref(), &inputs[1].as_ref(), &inputs[2].as_ref(), &fwd_opts)?;
     let before = support::snapshot(&inputs, &stream)?;
 
-    let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, &dev_sinks, None)?;
+    let first = launch(gpu, &stream, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, &dev_sinks, dev_docs.as_ref(), None)?;
     let host = |t: &DeviceTensor| t.to_f32(&stream);
     let got = HostGrads { dq: host(&first.grads[0])?, dk: host(&first.grads[1])?, dv: host(&first.grads[2])? };
     let report = check_backward(&p, &dout, c.dtype, &got);
@@ -288,7 +314,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
         // SAFETY: the backward writes every workspace byte it reads.
         let mut ws = unsafe { other.alloc::<u8>(backward_workspace_bytes(b, sq, hq, d)) }?;
         for _ in 0..2 {
-            let again = launch(gpu, &other, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, &dev_sinks, Some(&mut ws))?;
+            let again = launch(gpu, &other, c, &inputs, &fwd.out, &fwd.lse, &dev_slopes, &dev_sinks, dev_docs.as_ref(), Some(&mut ws))?;
             for (g, (a, b)) in first.grads.iter().zip(&again.grads).enumerate() {
                 if bits(&a.raw_f32(&stream)?) != bits(&b.raw_f32(&other)?) {
                     return Err(format!("seed {seed}: deterministic gradient {g} differs between launches").into());

@@ -1,7 +1,7 @@
 //! Every misuse of the forward API gets its own precise error, checked without a GPU
 //! through the planner that `flash_attn_func` runs before any launch.
 use flash_attn3::plan::DeviceVec;
-use flash_attn3::{AlibiDesc, Algo, Arg, AttnError, AttnOptions, DType, Layout, Schedule, TensorDesc, plan_forward};
+use flash_attn3::{AlibiDesc, DocsDesc, Algo, Arg, AttnError, AttnOptions, DType, Layout, Schedule, TensorDesc, plan_forward};
 use common::fa3::Techniques;
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -20,6 +20,7 @@ struct Call {
     opts: AttnOptions<'static>,
     alibi: Option<AlibiDesc>,
     sinks: Option<DeviceVec>,
+    documents: Option<DocsDesc>,
 }
 
 impl Call {
@@ -39,11 +40,12 @@ impl Call {
             opts: AttnOptions::default(),
             alibi: None,
             sinks: None,
+            documents: None,
         }
     }
 
     fn plan(&self) -> Result<flash_attn3::plan::FwdPlan, AttnError> {
-        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, self.alibi, self.sinks, 132)
+        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, self.alibi, self.sinks, self.documents, 132)
     }
 
     fn err(self) -> AttnError {
@@ -683,4 +685,65 @@ fn sinks_are_checked_and_passed_to_every_fa3_kernel() {
     c.opts = c.opts.algo(Algo::Fa2);
     c.sinks = sinks(0, 8);
     assert!(matches!(c.err(), AttnError::Unsupported(_)));
+}
+
+/// Documents of a 2 x 300-query, 2 x 500-key call (bounds for `positions` keys).
+fn docs(positions: usize, per_batch: bool) -> Option<DocsDesc> {
+    Some(DocsDesc { addr: BASE + (23 << 36), positions, seqlen: 500, per_batch })
+}
+
+#[test]
+fn documents_pick_the_document_kernel_with_the_window_and_causal_folded_in() {
+    let mut c = Call::good();
+    c.documents = docs(500, false);
+    let plan = c.plan().unwrap();
+    assert_eq!(plan.kernel.name, "fa3_fwd_hdim128_bf16_document");
+    assert_eq!(plan.params.docs.addr, BASE + (23 << 36));
+    assert_eq!(plan.params.docs.batch_stride, 0, "one packing shared by the batch");
+    // No window: unbounded on both sides (as wide as the longer sequence).
+    assert_eq!((plan.params.window.left, plan.params.window.right), (500, 500));
+    c.opts = c.opts.causal(true);
+    assert_eq!((c.plan().unwrap().params.window.left, c.plan().unwrap().params.window.right), (500, 0));
+    c.opts = c.opts.window(Some(64), None);
+    assert_eq!(c.plan().unwrap().params.window.left, 64);
+    c.documents = docs(1000, true);
+    assert_eq!(c.plan().unwrap().params.docs.batch_stride, 500, "one packing per batch element");
+    // hdim 256: the 64-key blocks of the local kernels.
+    let mut c = Call::shaped([1, 300, 2, 256], [1, 500, 2, 256], DType::F16);
+    c.documents = docs(500, false);
+    assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim256_f16_n64_document");
+    assert_eq!(Call::good().plan().unwrap().params.docs.addr, 0, "no documents: 0");
+}
+
+#[test]
+fn documents_that_do_not_fit_the_call_are_refused_by_name() {
+    let with = |d: Option<DocsDesc>, opts: AttnOptions<'static>| {
+        let mut c = Call::good();
+        (c.documents, c.opts) = (d, opts);
+        c.err()
+    };
+    let plain = AttnOptions::default();
+    assert!(matches!(with(Some(DocsDesc { seqlen: 499, ..docs(500, false).unwrap() }), plain), AttnError::ShapeMismatch(m) if m.contains("documents cover 499")));
+    assert!(matches!(with(docs(499, false), plain), AttnError::OutOfBounds { arg: Arg::Documents, needed: 500, len: 499 }));
+    assert!(matches!(with(docs(999, true), plain), AttnError::OutOfBounds { arg: Arg::Documents, needed: 1000, .. }));
+    assert!(matches!(with(Some(DocsDesc { addr: BASE + 4, ..docs(500, false).unwrap() }), plain), AttnError::Misaligned { arg: Arg::Documents, .. }));
+    for opts in [plain.softcap(30.0), plain.algo(Algo::Fa2), plain.algo(Algo::Fa3(Techniques::NO_OVERLAP)), plain.schedule(Schedule::PersistentMulticast)] {
+        assert!(matches!(with(docs(500, false), opts), AttnError::Unsupported(_)), "{opts:?}");
+    }
+    // Queries sit at key positions: no more queries than keys.
+    let mut c = Call::shaped([1, 600, 2, 128], [1, 500, 2, 128], DType::BF16);
+    c.documents = docs(500, false);
+    assert!(matches!(c.err(), AttnError::ShapeMismatch(m) if m.contains("seqlen_q <= seqlen_k")));
+}
+
+/// Document ids become each position's `[start, end)`; ids that come back after another
+/// document, and empty documents, are refused.
+#[test]
+fn document_ids_become_bounds_and_scattered_documents_are_refused() {
+    use flash_attn3::documents::{document_bounds, ids_from_lengths};
+    assert_eq!(document_bounds(&[7, 7, 3, 9, 9, 9]).unwrap(), vec![[0, 2], [0, 2], [2, 3], [3, 6], [3, 6], [3, 6]]);
+    assert_eq!(document_bounds(&[]).unwrap(), Vec::<[u32; 2]>::new());
+    assert!(matches!(document_bounds(&[1, 2, 1]), Err(AttnError::InvalidDocuments(m)) if m.contains("id 1")));
+    assert_eq!(ids_from_lengths(&[2, 1, 3]).unwrap(), vec![0, 0, 1, 2, 2, 2]);
+    assert!(matches!(ids_from_lengths(&[2, 0]), Err(AttnError::InvalidDocuments(_))));
 }

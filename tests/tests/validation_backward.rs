@@ -30,6 +30,7 @@ fn good(d: usize) -> BwdTensors {
         alibi: None,
         sinks: None,
         dsinks: None,
+        documents: None,
     }
 }
 
@@ -249,4 +250,21 @@ fn sinks_gradient_is_checked_and_gets_its_workspace() {
     t4.sinks = vec_at(10, 8);
     t4.dsinks = vec_at(11, 7);
     assert!(matches!(err(&t4, &AttnOptions::default()), AttnError::OutOfBounds { arg: Arg::DSinks, needed: 8, len: 7 }));
+}
+
+/// Documents reach the backward's document kernels, deterministic or not, and what does
+/// not fit the call is refused as in the forward.
+#[test]
+fn documents_pick_the_backward_document_kernels() {
+    let docs = flash_attn3::DocsDesc { addr: 0x7f00_0000_0000 + (23 << 36), positions: 500, seqlen: 500, per_batch: false };
+    for (deterministic, name) in [(false, "bwd_hdim128_bf16_document"), (true, "bwd_hdim128_bf16_deterministic_document")] {
+        let t = BwdTensors { documents: Some(docs), ..good(128) };
+        let plan = plan_backward(&t, &AttnOptions::default().causal(true).deterministic(deterministic), 132).unwrap();
+        assert_eq!(plan.launches[1].kernel.name, name);
+        assert_eq!(plan.params.docs.addr, docs.addr);
+    }
+    let t = BwdTensors { documents: Some(flash_attn3::DocsDesc { seqlen: 400, ..docs }), ..good(128) };
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::ShapeMismatch(_)));
+    let t = BwdTensors { documents: Some(docs), ..good(128) };
+    assert!(matches!(err(&t, &AttnOptions::default().softcap(10.0)), AttnError::Unsupported(_)));
 }

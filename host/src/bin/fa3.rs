@@ -5,15 +5,16 @@ mod cli;
 
 use clap::Parser;
 use cli::{BenchArgs, Cli, Command, Fp8AccuracyArgs, InfoArgs, PassArg, PlotArgs, RunArgs, Shape, VariantArgs};
-use flash_attn3::bench::{TimingPlan, fwd_flops, fwd_flops_visible, time_calls, time_forward};
+use flash_attn3::bench::{TimingPlan, fwd_flops, fwd_flops_visible_docs, time_calls, time_forward};
 use flash_attn3::check::{check, check_backward, check_sink_grads};
 use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
 use flash_attn3::plot::{self, PlotError, Point};
 use flash_attn3::reference::{
-    AttnResult, HostAlibi, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng, standard_alibi_slopes,
+    AttnResult, HostAlibi, HostDocs, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng, standard_alibi_slopes,
 };
+use flash_attn3::documents::ids_from_lengths;
 use flash_attn3::{
-    AttnError, AttnOptions, DType, DeviceTensor, Gpu, backward_workspace_bytes, flash_attn_backward, flash_attn_backward_into, flash_attn_func,
+    AttnError, AttnOptions, DType, DeviceTensor, DocumentMask, Gpu, backward_workspace_bytes, flash_attn_backward, flash_attn_backward_into, flash_attn_func,
     flash_attn_func_into,
 };
 use indicatif::{ProgressBar, ProgressStyle};
@@ -177,8 +178,8 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
         kernel,
     } = a;
     let fp8 = dtype == Some(cli::DtypeArg::E4m3);
-    if fp8 && (backward || variants.softcap.is_some() || variants.alibi || variants.window.is_some() || variants.sinks.is_some()) {
-        return Err(CliError::Usage("--dtype e4m3 runs the FP8 forward: no --backward, --softcap, --alibi, --window or --sinks".into()));
+    if fp8 && (backward || variants.softcap.is_some() || variants.alibi || variants.window.is_some() || variants.sinks.is_some() || variants.doc_lens.is_some()) {
+        return Err(CliError::Usage("--dtype e4m3 runs the FP8 forward: no --backward, --softcap, --alibi, --window, --sinks or --doc-lens".into()));
     }
     if incoherent && !fp8 {
         return Err(CliError::Usage("--incoherent applies to --dtype e4m3".into()));
@@ -226,7 +227,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
     let (q, k, v) = (up(&inputs.q)?, up(&inputs.k)?, up(&inputs.v)?);
-    let data = VariantData::upload(&variants, &stream, inputs.q.shape[2])?;
+    let data = VariantData::upload(&variants, &stream, inputs.q.shape[2], inputs.k.shape[1])?;
     let mut opts = data.options(&variants, AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(deterministic) });
     if let Some(s) = scale {
         opts = opts.softmax_scale(s);
@@ -367,24 +368,38 @@ fn run_fp8(gpu: &Gpu, inputs: &Inputs, causal: bool, scale: Option<f32>, incoher
 struct VariantData {
     slopes: Vec<f32>,
     sink_logits: Option<Vec<f32>>,
+    /// `--doc-lens` as one document id per key token.
+    doc_ids: Option<Vec<u32>>,
     dev_slopes: Option<CudaSlice<f32>>,
     dev_sinks: Option<CudaSlice<f32>>,
+    dev_docs: Option<DocumentMask>,
 }
 
 impl VariantData {
-    fn host(v: &VariantArgs, heads: usize) -> CliResult<Self> {
+    /// For calls of `heads` query heads over `seqlen_k` keys.
+    fn host(v: &VariantArgs, heads: usize, seqlen_k: usize) -> CliResult<Self> {
         let sink_logits = v.sinks.as_ref().map(|s| s.per_head(heads)).transpose().map_err(CliError::Usage)?;
-        Ok(VariantData { slopes: standard_alibi_slopes(heads), sink_logits, dev_slopes: None, dev_sinks: None })
+        let doc_ids = v.doc_lengths(seqlen_k).map(|l| ids_from_lengths(&l)).transpose()?;
+        if let Some(ids) = &doc_ids
+            && ids.len() != seqlen_k
+        {
+            return Err(CliError::Usage(format!("--doc-lens: the documents add up to {} tokens, the sequence has {seqlen_k}", ids.len())));
+        }
+        Ok(VariantData { slopes: standard_alibi_slopes(heads), sink_logits, doc_ids, dev_slopes: None, dev_sinks: None, dev_docs: None })
     }
 
-    /// The host data, and on `stream` the slopes (with `--alibi`) and the sinks.
-    fn upload(v: &VariantArgs, stream: &Arc<CudaStream>, heads: usize) -> CliResult<Self> {
-        let mut d = Self::host(v, heads)?;
+    /// The host data, and on `stream` the slopes (with `--alibi`), the sinks and the
+    /// documents.
+    fn upload(v: &VariantArgs, stream: &Arc<CudaStream>, heads: usize, seqlen_k: usize) -> CliResult<Self> {
+        let mut d = Self::host(v, heads, seqlen_k)?;
         if v.alibi {
             d.dev_slopes = Some(stream.clone_htod(&d.slopes).map_err(AttnError::from)?);
         }
         if let Some(s) = &d.sink_logits {
             d.dev_sinks = Some(stream.clone_htod(s).map_err(AttnError::from)?);
+        }
+        if let Some(ids) = &d.doc_ids {
+            d.dev_docs = Some(DocumentMask::from_ids(stream, ids, None)?);
         }
         Ok(d)
     }
@@ -397,6 +412,9 @@ impl VariantData {
         }
         if let Some(s) = &self.dev_sinks {
             opts = opts.sinks(s);
+        }
+        if let Some(d) = &self.dev_docs {
+            opts = opts.documents(d);
         }
         opts
     }
@@ -413,6 +431,7 @@ impl VariantData {
             alibi: v.alibi.then_some(HostAlibi { slopes: &self.slopes, per_batch: false }),
             window: v.window,
             sinks: self.sink_logits.as_deref(),
+            docs: self.doc_ids.as_deref().map(|ids| HostDocs { ids, per_batch: false }),
         }
     }
 }
@@ -433,7 +452,7 @@ fn cpu_demo(causal: bool, variants: &VariantArgs, seed: u64, backward: bool) -> 
     if let Some(c) = variants.softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
         return Err(AttnError::InvalidSoftcap(c).into());
     }
-    let data = VariantData::host(variants, h)?;
+    let data = VariantData::host(variants, h, s)?;
     let p = data.problem(variants, [&q, &k, &v], causal, 1.0 / (d as f32).sqrt());
     let tiled = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
     let exact = attention_f64(&p);
@@ -662,6 +681,10 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
         None => suffix,
     };
     let suffix = if a.variants.sinks.is_some() { format!("-sinks{suffix}") } else { suffix };
+    let suffix = match &a.variants.doc_lens {
+        Some(l) => format!("-docs{}{suffix}", l.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("_")),
+        None => suffix,
+    };
     // On stderr, and only where it is a terminal: logs and stdout stay clean.
     let total = hdims.len() * seqlens.len() * causal_modes.len();
     let progress = ProgressBar::new(total as u64).with_style(progress_style());
@@ -679,7 +702,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     if causal { "causal" } else { "non-causal" }
                 ));
                 let (q, k, v) = (tensors[0].view(shape), tensors[1].view(shape), tensors[2].view(shape));
-                let data = VariantData::upload(&a.variants, &stream, heads)?;
+                let data = VariantData::upload(&a.variants, &stream, heads, seqlen)?;
                 let opts = data.options(
                     &a.variants,
                     AttnOptions { algo, ..AttnOptions::default().causal(causal).schedule(schedule).deterministic(a.deterministic) },
@@ -708,9 +731,9 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                     let mut o = out.view_mut(shape);
                     time_forward(&gpu, &stream, &q, &k, &v, &mut o, &mut lse, &opts, a.warmup, a.warmup_ms, iters, a.timing_ms)?
                 };
-                let flops = match a.variants.window {
-                    Some(w) => fwd_flops_visible(batch, heads, seqlen, seqlen, hdim, causal, Some(w)),
-                    None => fwd_flops(batch, heads, seqlen, seqlen, hdim, causal),
+                let flops = match (a.variants.window, &data.doc_ids) {
+                    (None, None) => fwd_flops(batch, heads, seqlen, seqlen, hdim, causal),
+                    (w, ids) => fwd_flops_visible_docs(batch, heads, seqlen, seqlen, hdim, causal, w, ids.as_deref()),
                 };
                 let tflops = flops_factor * flops / (t.median_ms * 1e-3) / 1e12;
                 progress.suspend(|| {

@@ -93,31 +93,37 @@ pub fn visited_block_pairs(causal: bool, tiling: BwdTiling, seqlen_q: usize, seq
         .collect()
 }
 
-/// The query rows that see key `j` (the transpose of [`Problem::visible_range`]): row `i`
-/// sees it iff `j − off − right <= i <= j − off + left`, `off = seqlen_k − seqlen_q`,
-/// with the causal mask's `right = 0`.
-pub fn rows_seeing(p: &Problem<'_>, j: usize) -> std::ops::Range<usize> {
+/// The query rows of batch `b` that see key `j` (the transpose of
+/// [`Problem::visible_range`]): row `i` sees it iff `j − off − right <= i <= j − off + left`,
+/// `off = seqlen_k − seqlen_q`, with the causal mask's `right = 0`, and with documents iff
+/// its position `i + off` is in `j`'s document.
+pub fn rows_seeing(p: &Problem<'_>, b: usize, j: usize) -> std::ops::Range<usize> {
     let (sq, sk) = (p.q.shape[1] as i64, p.k.shape[1] as i64);
     let (left, mut right) = p.window.map_or((None, None), |w| (w.left, w.right));
     if p.causal {
         right = Some(right.map_or(0, |r| r.min(0)));
     }
     let anti = j as i64 - (sk - sq);
-    let lo = right.map_or(0, |r| (anti - r as i64).max(0)).min(sq);
-    let hi = left.map_or(sq, |l| (anti + l as i64 + 1).clamp(0, sq));
+    let mut lo = right.map_or(0, |r| (anti - r as i64).max(0)).min(sq);
+    let mut hi = left.map_or(sq, |l| (anti + l as i64 + 1).clamp(0, sq));
+    if let Some(d) = p.docs {
+        let doc = d.run(b, j, sk as usize);
+        lo = lo.max(doc.start as i64 - (sk - sq));
+        hi = hi.min(doc.end as i64 - (sk - sq));
+    }
     lo as usize..(hi.max(lo)) as usize
 }
 
-/// The query blocks (of `tiling.block_m` rows) that visit key block `n` (of
+/// The query blocks (of `tiling.block_m` rows) of batch `b` that visit key block `n` (of
 /// `tiling.block_n` keys): those with a row that sees one of its keys. Both ends move up
 /// with the key, so they come from the block's first and last keys.
-pub fn query_block_range(p: &Problem<'_>, n: usize, tiling: BwdTiling) -> std::ops::Range<usize> {
+pub fn query_block_range(p: &Problem<'_>, b: usize, n: usize, tiling: BwdTiling) -> std::ops::Range<usize> {
     let sk = p.k.shape[1];
     let keys = n * tiling.block_n..((n + 1) * tiling.block_n).min(sk);
     if keys.is_empty() {
         return 0..0;
     }
-    let (first, last) = (rows_seeing(p, keys.start), rows_seeing(p, keys.end - 1));
+    let (first, last) = (rows_seeing(p, b, keys.start), rows_seeing(p, b, keys.end - 1));
     let (lo, hi) = (first.start, last.end);
     if lo >= hi { 0..0 } else { lo / tiling.block_m..hi.div_ceil(tiling.block_m) }
 }
@@ -279,15 +285,15 @@ fn backward_tiles<T: Real>(
     let BwdTiling { block_m, block_n } = tiling;
     assert!(block_m > 0 && block_n > 0, "empty tile {block_m} x {block_n}");
     let (scale, group) = (T::of(p.scale), hq / hk);
-    let blocks_of = |n| query_block_range(p, n, tiling);
+    let blocks_of = |b, n| query_block_range(p, b, n, tiling);
 
     // dQ, per query row: its query block's tile with every key block that visits it.
     let dq = for_each_row(p, |b, h, i, dq| {
-        let (m, keys) = (i / block_m, p.visible_range(i));
+        let (m, keys) = (i / block_m, p.visible_range(b, i));
         let mut tile = vec![T::default(); d];
         for n in 0..sk.div_ceil(block_n) {
             let cols = (n * block_n).max(keys.start)..((n + 1) * block_n).min(keys.end);
-            if !blocks_of(n).contains(&m) {
+            if !blocks_of(b, n).contains(&m) {
                 debug_assert!(cols.is_empty(), "row {i} sees key block {n}, which skips its query block");
                 continue;
             }
@@ -305,13 +311,13 @@ fn backward_tiles<T: Real>(
     // dK, dV, per key row: its key block's tiles with the query blocks it visits, for
     // every query head of its K/V head.
     let (dk, dv) = for_each_key_row(p, |b, kv, j, dk, dv| {
-        let rows = rows_seeing(p, j);
+        let rows = rows_seeing(p, b, j);
         let (mut head_k, mut head_v) = (vec![T::default(); d], vec![T::default(); d]);
         let (mut tile_k, mut tile_v) = (vec![T::default(); d], vec![T::default(); d]);
         for h in kv * group..(kv + 1) * group {
             head_k.fill(T::default());
             head_v.fill(T::default());
-            for m in blocks_of(j / block_n) {
+            for m in blocks_of(b, j / block_n) {
                 tile_k.fill(T::default());
                 tile_v.fill(T::default());
                 for i in (m * block_m).max(rows.start)..((m + 1) * block_m).min(rows.end) {
@@ -339,7 +345,7 @@ fn for_each_key_row<T: Copy + Send + Sync + Default>(
     p: &Problem<'_>,
     row_fn: impl Fn(usize, usize, usize, &mut [T], &mut [T]) + Sync,
 ) -> (Vec<T>, Vec<T>) {
-    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None, alibi: None, window: None, sinks: None };
+    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None, alibi: None, window: None, sinks: None, docs: None };
     let d = p.k.shape[3];
     let rows = for_each_row(&keys, |b, kv, j, out: &mut [(T, T)]| {
         let (mut dk, mut dv) = (vec![T::default(); d], vec![T::default(); d]);

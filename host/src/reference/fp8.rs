@@ -183,7 +183,7 @@ fn attention_fp8_with(p: &Problem<'_>, out_dtype: DType, score_dtype: Option<DTy
     assert!(p.sinks.is_none(), "the FP8 reference has no sinks");
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
-        let keys = p.visible_range(i);
+        let keys = p.visible_range(b, i);
         if keys.is_empty() {
             return f32::INFINITY;
         }

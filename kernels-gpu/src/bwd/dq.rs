@@ -67,7 +67,8 @@ impl<K: BwdTraits> DqWriter<K> {
     pub fn run(p: &BwdParams, storage: &BwdStorage, n_block: u32, head_k: u32, batch: u32, lane: u32) {
         let leader = lane == 0;
         let mut phase = 0;
-        CtaSteps::new(p, n_block, K::BLOCK_M, K::LOCAL).for_each(|h, m| {
+        let ranges = super::local_ranges::<K>(p, batch);
+        CtaSteps::new(p, n_block, K::BLOCK_M, ranges.as_ref()).for_each(|h, m| {
             let head = head_k * p.kv_group + h;
             for wg in 0..MMA_WGS {
                 storage.dq.full(wg).wait(phase);
@@ -76,7 +77,7 @@ impl<K: BwdTraits> DqWriter<K> {
             let bh = batch * p.heads_q + head;
             let semaphore = |bh: u32| p.dq_semaphore + 4 * (bh * p.query_blocks(K::BLOCK_M) + m) as u64;
             if K::DETERMINISTIC {
-                let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, p.seqlen_q, p.seqlen_k, if K::LOCAL { Some(&p.window) } else { None });
+                let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, p.seqlen_q, p.seqlen_k, ranges.as_ref());
                 // The whole warp polls (a warp-uniform loop); one load per poll.
                 // SAFETY: inside the host-sized semaphore array.
                 while unsafe { global::ld_acquire_u32(semaphore(bh)) } < turn {}

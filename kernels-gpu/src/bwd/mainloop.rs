@@ -22,6 +22,8 @@ use crate::fa3::traits::{FragTile, ProbTile, ScoreTile, WARPGROUP_ROWS};
 use crate::ptx::compiler::opaque_u64;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{fence, math, smem};
+use crate::fa3::mask::DocSource;
+use common::window::Documents;
 use common::bwd::{BwdParams, CtaSteps, STAGES, step_needs_mask};
 use common::gmma::{desc_add, k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_rows};
 
@@ -57,16 +59,35 @@ impl KeyRowMask {
         KeyRowMask { min_query: [bound(key_row), bound(key_row + 8)] }
     }
 
-    /// Whether query `q` of key row `r` (0 or 1) is hidden.
+    /// Local masks: the query rows `[lo, hi)` of each key row's document (every row
+    /// without documents). Derived for each masked step: held across the steps they
+    /// would pin four registers through every GEMM.
     #[inline(always)]
-    fn hides<K: BwdTraits>(&self, p: &BwdParams, r: usize, q: i32) -> bool {
+    fn doc_rows<K: BwdTraits>(&self, p: &BwdParams, batch: u32) -> [[i32; 2]; 2] {
+        let docs = K::Docs::of(&p.docs, batch);
+        let off = p.seqlen_k as i32 - p.seqlen_q as i32;
+        let last = p.seqlen_k as i32 - 1;
+        [0, 1].map(|r| {
+            // Keys past `seqlen_k` hide every query anyway; clamped, they read in bounds.
+            let key = self.min_query[0] + off + 8 * r;
+            match docs.doc(if key < last { key as u32 } else { last as u32 }) {
+                Some((start, end)) => [start - off, end - off],
+                None => [i32::MIN, i32::MAX],
+            }
+        })
+    }
+
+    /// Whether query `q` of key row `r` (0 or 1) is hidden (`doc_rows`: local masks'
+    /// [`KeyRowMask::doc_rows`]).
+    #[inline(always)]
+    fn hides<K: BwdTraits>(&self, p: &BwdParams, doc_rows: &[[i32; 2]; 2], r: usize, q: i32) -> bool {
         if K::LOCAL {
-            // Query q sees the key iff −right <= q − diagonal <= left; keys past
-            // `seqlen_k` (diagonal past `seqlen_q`) hide every query.
-            // (One unsigned comparison for both bounds.)
+            // Query q sees the key iff −right <= q − diagonal <= left and it is in the
+            // key's document; keys past `seqlen_k` (diagonal past `seqlen_q`) hide every
+            // query. (One unsigned comparison for both window bounds.)
             let diagonal = self.min_query[0] + 8 * r as i32;
             let from_first = (q - diagonal + p.window.right) as u32;
-            diagonal >= p.seqlen_q as i32 || from_first > (p.window.left + p.window.right) as u32
+            diagonal >= p.seqlen_q as i32 || from_first > (p.window.left + p.window.right) as u32 || (K::Docs::DOCS && (q < doc_rows[r][0] || q >= doc_rows[r][1]))
         } else {
             q < self.min_query[r]
         }
@@ -107,7 +128,8 @@ impl<K: BwdTraits> Consumer<'_, K> {
     pub fn run(&mut self) -> KeyBlockGrads<K> {
         let p = self.p;
         let mut grads = KeyBlockGrads::<K> { dk: K::KeyGrads::zeroed(), dv: K::KeyGrads::zeroed() };
-        let steps = CtaSteps::new(p, self.n_block, K::BLOCK_M, K::LOCAL);
+        let ranges = super::local_ranges::<K>(p, self.batch);
+        let steps = CtaSteps::new(p, self.n_block, K::BLOCK_M, ranges.as_ref());
         if steps.is_empty() {
             return grads;
         }
@@ -129,8 +151,8 @@ impl<K: BwdTraits> Consumer<'_, K> {
     #[inline(always)]
     fn visit(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, h: u32, m: u32) {
         let p = self.p;
-        let window_cuts = if K::LOCAL {
-            p.window.step_needs_mask(m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
+        let window_cuts = if let Some(r) = super::local_ranges::<K>(p, self.batch) {
+            r.step_needs_mask(m, self.n_block, K::BLOCK_M, K::BLOCK_N)
         } else {
             step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
         };
@@ -217,6 +239,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         } else {
             (0, 0.0)
         };
+        let doc_rows = if K::Docs::DOCS && masked { mask.doc_rows::<K>(self.p, self.batch) } else { [[i32::MIN, i32::MAX]; 2] };
         let mut probs = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
         for kb in 0..steps {
             // Soft-capping packs each pair of P as it is made, for dV, and keeps
@@ -233,7 +256,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
                     let mut pair = [0.0f32; 2];
                     for c in 0..2 {
                         let i = 2 * r + c;
-                        let hidden = masked && mask.hides::<K>(self.p, r, query0 + (col + c as u32) as i32);
+                        let hidden = masked && mask.hides::<K>(self.p, &doc_rows, r, query0 + (col + c as u32) as i32);
                         // Soft-capping: the score is the tanh; `c` is in `scale_log2`.
                         // ALiBi: minus the slope times the distance from the diagonal
                         // (after the tanh when both: the slope is then in its units).

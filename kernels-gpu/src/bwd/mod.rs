@@ -26,7 +26,9 @@ use crate::fa3::storage::TensorMaps;
 use crate::fa3::traits::WARPGROUP_THREADS;
 use crate::ptx::compiler::opaque_u32;
 use crate::ptx::{barrier, mbarrier, regs, sreg};
+use crate::fa3::mask::DocSource;
 use common::bwd::{BwdParams, CtaSteps, MMA_WGS};
+use common::window::KeyRanges;
 use dq::{DqStager, DqWriter};
 use mainloop::Consumer;
 use producer::{BwdLoader, BwdStorage};
@@ -41,6 +43,13 @@ impl regs::RegisterCount for ProducerRegs {
 }
 impl regs::RegisterCount for ConsumerRegs {
     const N: u32 = 240;
+}
+
+/// The key ranges (window and documents) of batch `batch` in a local kernel; `None` in
+/// the others.
+#[inline(always)]
+pub(crate) fn local_ranges<K: BwdTraits>(p: &BwdParams, batch: u32) -> Option<KeyRanges<K::Docs>> {
+    if K::LOCAL { Some(p.key_ranges(K::Docs::of(&p.docs, batch))) } else { None }
 }
 
 /// The main kernel body. Grid `(key blocks, heads_k, batch)` (which CTA takes which key
@@ -64,7 +73,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let wg = tid / WARPGROUP_THREADS;
     if wg == 0 {
         regs::dealloc::<ProducerRegs>();
-        let steps = CtaSteps::new(&p, n_block, K::BLOCK_M, K::LOCAL);
+        let steps = CtaSteps::new(&p, n_block, K::BLOCK_M, local_ranges::<K>(&p, batch).as_ref());
         if tid == 0 {
             let mut loader = BwdLoader::<K>::new(TensorMaps(tma), storage);
             loader.prefetch_descriptors();

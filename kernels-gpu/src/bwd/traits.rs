@@ -3,6 +3,7 @@
 //! entry point one, and every part of the kernel reads its shapes and register tiles from
 //! it.
 use crate::element::Element;
+use crate::fa3::mask::DocSource;
 use crate::fa3::traits::{FragTile, ScoreTile};
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::softmax::Frag;
@@ -29,9 +30,12 @@ pub trait BwdTraits: Copy + 'static {
     /// softmax's scale (`common::ScoreModKind::Alibi`); dS is unchanged (the bias does
     /// not depend on Q or K).
     const ALIBI: bool;
-    /// A sliding window (`common::MaskKind::Local`, `BwdParams::window`): a key block's
-    /// query blocks are a range, and a key row hides queries past its window too.
+    /// Per-row key ranges (`common::MaskKind::Local` and `Document`, `BwdParams::window`
+    /// and `docs`): a key block's query blocks are a range, and a key row hides queries
+    /// outside its window and document too.
     const LOCAL: bool;
+    /// The documents of a local kernel (`NoDocuments` but for `common::MaskKind::Document`).
+    type Docs: DocSource;
     /// Query rows per step.
     const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
     /// Keys per CTA.

@@ -198,7 +198,7 @@ impl<K: KernelTraits> Steps<'_, K> {
     /// when its rows are past `seqlen_q`), which cost it no GEMM and no softmax.
     #[inline(always)]
     fn first(&self) -> u32 {
-        let end = K::Mask::visible_blocks(self.p, self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N).1;
+        let end = K::Mask::visible_blocks(self.p, self.tile.batch, self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N).1;
         let skipped = self.top - end.min(self.top);
         // A local warpgroup that sees nothing skips every step (its `end` is 0).
         let skipped = if K::Mask::LOCAL { skipped.min(self.n) } else { skipped };
@@ -212,7 +212,7 @@ impl<K: KernelTraits> Steps<'_, K> {
     /// only; `n` otherwise) they need it again.
     #[inline(always)]
     fn unmasked_steps(&self) -> (u32, u32) {
-        let (whole_first, whole_end) = K::Mask::whole_blocks(self.p, self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N);
+        let (whole_first, whole_end) = K::Mask::whole_blocks(self.p, self.tile.batch, self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N);
         let from = self.top - whole_end.min(self.top);
         // `whole_first` within the tile's blocks (`max`/`min`: `clamp` would bring a
         // panic path).
@@ -230,7 +230,7 @@ impl<K: KernelTraits> Steps<'_, K> {
         let col_2t = ((self.top - 1 - i) * K::BLOCK_N) as i32 + self.col_2t;
         self.score_mod.apply(s, self.row_g, col_2t);
         if MASKED && needs_mask {
-            self.mask.apply_with(self.p, s, col_2t);
+            self.mask.apply_with(self.p, self.tile.batch, s, col_2t);
         }
         if K::FP8 {
             // K's per-block factor scales this block's scores (1 with per-head factors,

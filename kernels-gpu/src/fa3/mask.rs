@@ -14,6 +14,58 @@
 use super::traits::FragTile;
 use common::FwdParams;
 use common::fa3::whole_key_blocks;
+use common::window::{DocumentBounds, Documents, KeyRanges, NoDocuments};
+use core::marker::PhantomData;
+
+/// Where a local mask's documents come from: none ([`NoDocuments`], the window kernels,
+/// which compile no document code) or device memory ([`DeviceDocs`], the document
+/// kernels, `common::MaskKind::Document`).
+pub trait DocSource: Documents {
+    /// Whether there are documents to read.
+    const DOCS: bool;
+    /// The documents of batch `batch` of a call.
+    fn of(docs: &DocumentBounds, batch: u32) -> Self;
+}
+
+impl DocSource for NoDocuments {
+    const DOCS: bool = false;
+    #[inline(always)]
+    fn of(_: &DocumentBounds, _: u32) -> Self {
+        NoDocuments
+    }
+}
+
+/// The document bounds of one batch in device memory (`common::window::DocumentBounds`).
+#[derive(Clone, Copy)]
+pub struct DeviceDocs {
+    addr: u64,
+}
+
+impl DocSource for DeviceDocs {
+    const DOCS: bool = true;
+    #[inline(always)]
+    fn of(docs: &DocumentBounds, batch: u32) -> Self {
+        // Derived where it is used (opaque batch): hoisted out of a mainloop, the address
+        // held two registers that ALiBi's and soft-capping's consumers lack.
+        DeviceDocs { addr: docs.batch_addr(crate::ptx::compiler::opaque_u32(batch)) }
+    }
+}
+
+impl Documents for DeviceDocs {
+    #[inline(always)]
+    fn doc(&self, pos: u32) -> Option<(i32, i32)> {
+        // SAFETY: the host checked that the bounds cover every key position of every
+        // batch, and a document kernel always has them.
+        let [start, end] = unsafe { crate::ptx::global::ld_nc_v2_u32(self.addr + 8 * pos as u64) };
+        Some((start as i32, end as i32))
+    }
+}
+
+/// The local kernels' key ranges of `batch`.
+#[inline(always)]
+fn ranges<D: DocSource>(p: &FwdParams, batch: u32) -> KeyRanges<D> {
+    p.key_ranges(D::of(&p.docs, batch))
+}
 
 /// Which keys a query row may see, for this lane's two rows.
 ///
@@ -26,21 +78,21 @@ pub trait Mask: Copy {
     /// The mask of the rows `row_g` and `row_g + 8`.
     fn new(p: &FwdParams, row_g: i32) -> Self;
 
-    /// The key blocks a tile of `block_m` rows from `row0` visits.
-    fn tile_blocks(p: &FwdParams, row0: i32, block_m: u32, block_n: u32) -> (u32, u32);
+    /// The key blocks a tile of `block_m` rows from `row0` of batch `batch` visits.
+    fn tile_blocks(p: &FwdParams, batch: u32, row0: i32, block_m: u32, block_n: u32) -> (u32, u32);
 
     /// The key blocks some row of `[row0, row0 + rows)` sees (a warpgroup skips the rest
     /// of its tile's).
-    fn visible_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32);
+    fn visible_blocks(p: &FwdParams, batch: u32, row0: i32, rows: u32, block_n: u32) -> (u32, u32);
 
     /// The key blocks every row of `[row0, row0 + rows)` sees whole: those need no mask,
     /// the others of the tile run the masked loop. (Only `LOCAL` masks have a first
     /// block past 0.)
-    fn whole_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32);
+    fn whole_blocks(p: &FwdParams, batch: u32, row0: i32, rows: u32, block_n: u32) -> (u32, u32);
 
-    /// Sets to `-inf` the scores of the keys this lane's rows may not see (`p`: the
-    /// call's parameters, for masks that derive their bounds where they run).
-    fn apply_with<S: FragTile>(&self, p: &FwdParams, s: &mut S, col_2t: i32);
+    /// Sets to `-inf` the scores of the keys this lane's rows (of batch `batch`) may not
+    /// see (`p`: the call's parameters, for masks that derive their bounds where they run).
+    fn apply_with<S: FragTile>(&self, p: &FwdParams, batch: u32, s: &mut S, col_2t: i32);
 }
 
 /// What is applied to the raw scores `S = Q K^T` (before the softmax scale) of a block.
@@ -75,64 +127,70 @@ impl Mask for CausalMask {
     }
 
     #[inline(always)]
-    fn tile_blocks(p: &FwdParams, row0: i32, block_m: u32, block_n: u32) -> (u32, u32) {
+    fn tile_blocks(p: &FwdParams, _: u32, row0: i32, block_m: u32, block_n: u32) -> (u32, u32) {
         (0, p.n_blocks(row0, block_m, block_n))
     }
 
     #[inline(always)]
-    fn visible_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
+    fn visible_blocks(p: &FwdParams, _: u32, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
         (0, p.visible_blocks(row0, rows, block_n))
     }
 
     /// From the first row alone: later rows see at least as much.
     #[inline(always)]
-    fn whole_blocks(p: &FwdParams, row0: i32, _rows: u32, block_n: u32) -> (u32, u32) {
+    fn whole_blocks(p: &FwdParams, _: u32, row0: i32, _rows: u32, block_n: u32) -> (u32, u32) {
         (0, whole_key_blocks(p.seqlen_k as i32, p.causal_offset(), row0, block_n))
     }
 
     #[inline(always)]
-    fn apply_with<S: FragTile>(&self, _: &FwdParams, s: &mut S, col_2t: i32) {
+    fn apply_with<S: FragTile>(&self, _: &FwdParams, _: u32, s: &mut S, col_2t: i32) {
         s.mask_columns(col_2t, self.limits)
     }
 }
 
-/// A sliding window (`common::MaskKind::Local`; `common::window`, causal folded in by
-/// the host): row `i` sees keys `[first_key(i), end_key(i))`. Kept as the first row's
-/// diagonal key alone, the bounds derived where the mask runs: the consumers of the
+/// Per-row key ranges (`common::window`): a sliding window, causal folded in by the
+/// host (`common::MaskKind::Local`, `D` = [`NoDocuments`]), and packed documents
+/// (`common::MaskKind::Document`, `D` = [`DeviceDocs`]). Row `i` sees keys
+/// `[first_key(i), end_key(i))`. Kept as the first row alone, the bounds derived where
+/// the mask runs (documents: one 8-byte load per row, from L1): the consumers of the
 /// 256-dim and soft-capping kernels have no four registers to hold them.
 #[derive(Clone, Copy)]
-pub struct LocalMask {
+pub struct LocalMask<D = NoDocuments> {
     row_g: i32,
+    docs: PhantomData<D>,
 }
 
-impl Mask for LocalMask {
+impl<D: DocSource> Mask for LocalMask<D> {
     const LOCAL: bool = true;
 
     #[inline(always)]
     fn new(_: &FwdParams, row_g: i32) -> Self {
-        LocalMask { row_g }
+        LocalMask { row_g, docs: PhantomData }
     }
 
     #[inline(always)]
-    fn tile_blocks(p: &FwdParams, row0: i32, block_m: u32, block_n: u32) -> (u32, u32) {
-        Self::visible_blocks(p, row0, block_m, block_n)
+    fn tile_blocks(p: &FwdParams, batch: u32, row0: i32, block_m: u32, block_n: u32) -> (u32, u32) {
+        Self::visible_blocks(p, batch, row0, block_m, block_n)
     }
 
     #[inline(always)]
-    fn visible_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
-        p.window.key_blocks(row0, rows, block_n, p.seqlen_q, p.seqlen_k)
+    fn visible_blocks(p: &FwdParams, batch: u32, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
+        ranges::<D>(p, batch).key_blocks(row0, rows, block_n)
     }
 
     #[inline(always)]
-    fn whole_blocks(p: &FwdParams, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
-        p.window.whole_blocks(row0, rows, block_n, p.seqlen_q, p.seqlen_k)
+    fn whole_blocks(p: &FwdParams, batch: u32, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
+        ranges::<D>(p, batch).whole_blocks(row0, rows, block_n)
     }
 
     #[inline(always)]
-    fn apply_with<S: FragTile>(&self, p: &FwdParams, s: &mut S, col_2t: i32) {
-        let (w, sq, sk) = (&p.window, p.seqlen_q, p.seqlen_k);
-        let rows = [self.row_g, self.row_g + 8];
-        s.mask_columns_outside(col_2t, rows.map(|r| w.first_key(r, sq, sk)), rows.map(|r| w.end_key(r, sq, sk)))
+    fn apply_with<S: FragTile>(&self, p: &FwdParams, batch: u32, s: &mut S, col_2t: i32) {
+        let r = ranges::<D>(p, batch);
+        // With documents the bounds are derived in each masked step (opaque row): hoisted
+        // out of the mainloop, the loaded bounds would pin four registers through it.
+        let row_g = if !D::DOCS { self.row_g } else { crate::ptx::compiler::opaque_u32(self.row_g as u32) as i32 };
+        let rows = [row_g, row_g + 8];
+        s.mask_columns_outside(col_2t, rows.map(|row| r.first_key(row)), rows.map(|row| r.end_key(row)))
     }
 }
 

@@ -45,7 +45,7 @@ impl Tile {
     #[inline(always)]
     pub fn new<K: KernelTraits>(p: &FwdParams, m_block: u32, head: u32, batch: u32) -> Self {
         let row0 = Self::row0::<K>(p, m_block);
-        let (first, end) = K::Mask::tile_blocks(p, row0, K::BLOCK_M, K::BLOCK_N);
+        let (first, end) = K::Mask::tile_blocks(p, batch, row0, K::BLOCK_M, K::BLOCK_N);
         Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: first, n_blocks: if end > first { end - first } else { 0 } }
     }
 
@@ -244,7 +244,7 @@ impl<K: KernelTraits> TileSource for HandoffTiles<K> {
         }
         let row0 = Tile::row0::<K>(p, m_block);
         // The first block is recomputed (a constant 0 but for local masks).
-        let n_block_min = K::Mask::tile_blocks(p, row0, K::BLOCK_M, K::BLOCK_N).0;
+        let n_block_min = K::Mask::tile_blocks(p, batch, row0, K::BLOCK_M, K::BLOCK_N).0;
         Some(Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min, n_blocks })
     }
 }

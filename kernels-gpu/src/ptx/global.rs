@@ -65,6 +65,19 @@ pub unsafe fn ld_nc_u32(addr: u64) -> u32 {
     v
 }
 
+/// Loads two consecutive `u32` from global memory through the read-only (non-coherent)
+/// path.
+///
+/// # Safety
+/// `addr` must be a valid, 8-byte aligned global address of data no thread of the launch
+/// writes.
+#[inline(always)]
+pub unsafe fn ld_nc_v2_u32(addr: u64) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    unsafe { asm!("ld.global.nc.v2.b32 {{{0}, {1}}}, [{2}];", out(reg32) a, out(reg32) b, in(reg64) addr, options(nostack, readonly)) };
+    [a, b]
+}
+
 /// Loads one byte from global memory through the read-only (non-coherent) path.
 ///
 /// # Safety

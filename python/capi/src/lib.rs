@@ -160,7 +160,7 @@ pub unsafe extern "C" fn fa3_forward(
         let (q, k, v, out) = (desc(&q, "q")?, desc(&k, "k")?, desc(&v, "v")?, desc(&out, "out")?);
         let alibi = alibi(&o, q.layout.shape);
         // SAFETY: the caller guarantees the memory (this function's contract).
-        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), alibi, sinks) }
+        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), alibi, sinks, None) }
     })
 }
 
@@ -211,6 +211,7 @@ pub unsafe extern "C" fn fa3_backward(
             alibi: alibi(&o, d[0].layout.shape),
             sinks: vec(o.sinks).filter(|_| dsinks != 0),
             dsinks: vec(dsinks),
+            documents: None,
         };
         // SAFETY: the caller guarantees the memory (this function's contract).
         unsafe { flash_attn3::flash_attn_backward_raw(g, s, &tensors, &options(&o)) }

@@ -90,3 +90,14 @@ pub fn variant_suffix(softcap: bool, alibi: Option<bool>, window: Option<(Option
     let window = window.map_or(String::new(), |(l, r)| format!("_window{}-{}", side(l), side(r)));
     format!("{}{alibi}{window}{}", if softcap { "_softcap" } else { "" }, if sinks { "_sinks" } else { "" })
 }
+
+/// A test name's suffix for packed documents (`lengths`, per batch or shared).
+pub fn docs_suffix(docs: Option<(&[usize], bool)>) -> String {
+    match docs {
+        Some((lens, per_batch)) => {
+            let lens: Vec<String> = lens.iter().map(|l| l.to_string()).collect();
+            format!("_docs{}{}", lens.join("-"), if per_batch { "_perbatch" } else { "" })
+        }
+        None => String::new(),
+    }
+}

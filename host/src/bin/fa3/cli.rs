@@ -410,6 +410,31 @@ pub struct VariantArgs {
     /// Attention sinks: one logit for every query head, or one per head (L0,L1,...)
     #[arg(long, value_name = "L,...", value_parser = parse_floats, allow_hyphen_values = true)]
     pub sinks: Option<Floats>,
+    /// Packed documents (a document mask): their lengths L0,L1,... in tokens, adding up to
+    /// the sequence; a single L cuts the sequence into documents of L tokens (the last one
+    /// shorter)
+    #[arg(long, value_name = "L,...", value_parser = parse_lengths)]
+    pub doc_lens: Option<Vec<usize>>,
+}
+
+impl VariantArgs {
+    /// The document lengths of `--doc-lens` over `seqlen` tokens.
+    pub fn doc_lengths(&self, seqlen: usize) -> Option<Vec<usize>> {
+        self.doc_lens.as_ref().map(|l| match l.as_slice() {
+            &[len] => (0..seqlen).step_by(len).map(|start| len.min(seqlen - start)).collect(),
+            l => l.to_vec(),
+        })
+    }
+}
+
+/// Comma-separated positive lengths.
+pub fn parse_lengths(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|x| match x.trim().parse::<usize>() {
+            Ok(v) if v > 0 => Ok(v),
+            _ => Err(format!("expected comma-separated positive lengths, got {x:?} in {s:?}")),
+        })
+        .collect()
 }
 
 /// Comma-separated finite floats.
