@@ -3,7 +3,8 @@
 on the variants our kernels have, bf16, forward and backward, causal with a block mask:
 plain causal, soft-capping at 30, ALiBi with the standard slopes 2^(-8 (h + 1) / heads),
 a causal sliding window of --window keys (row i sees keys i - W ..= i), that window
-with soft-capping at 30, and attention sinks (one logit per head, 0.5 · (h mod 4) − 1:
+with soft-capping at 30, causal packed documents of --doc-len tokens (FlexAttention's
+document mask, `doc[q] == doc[kv]`), and attention sinks (one logit per head, 0.5 · (h mod 4) − 1:
 FlexAttention has no sinks, so a key 0 of zero value whose score the score_mod replaces
 by the head's logit and which every row sees stands for it; one extra key).
 Same timing method as `fa3 bench` and peers.py (steady state: --warmup-ms of sustained
@@ -25,6 +26,7 @@ p.add_argument("--warmup-ms", type=int, default=1000)
 p.add_argument("--timing-ms", type=int, default=300)
 p.add_argument("--iters", type=int, default=20)
 p.add_argument("--window", type=int, default=4096)
+p.add_argument("--doc-len", type=int, default=2048)
 p.add_argument("--csv", required=True)
 a = p.parse_args()
 # Without a higher limit dynamo silently falls back to the dense eager path after a few
@@ -51,6 +53,11 @@ window_pairs = sum(min(i, w) + 1 for i in range(s))
 variants = {name: (mod, block_mask, pairs) for name, mod in mods.items()}
 variants[f"causal_window{w}"] = (None, window_mask, window_pairs)
 variants[f"causal_window{w}_softcap30"] = (mods["causal_softcap30"], window_mask, window_pairs)
+L = a.doc_len
+doc = torch.arange(s, device="cuda") // L
+docs_mask = create_block_mask(lambda bi, hi, qi, ki: (qi >= ki) & (doc[qi] == doc[ki]), None, None, s, s, device="cuda")
+docs_pairs = sum(n * (n + 1) // 2 for n in [min(L, s - st) for st in range(0, s, L)])
+variants[f"causal_docs{L}"] = (None, docs_mask, docs_pairs)
 sinks = torch.tensor([0.5 * (i % 4) - 1.0 for i in range(h)], device="cuda", dtype=torch.float32)
 sink_mod = lambda score, bi, hi, qi, ki: torch.where(ki == 0, sinks[hi], score)
 sink_mask = create_block_mask(lambda bi, hi, qi, ki: (ki == 0) | (qi + 1 >= ki), None, None, s, s + 1, device="cuda")

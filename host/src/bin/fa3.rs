@@ -460,11 +460,12 @@ fn cpu_demo(causal: bool, variants: &VariantArgs, seed: u64, backward: bool) -> 
     let lse_err = max_abs_err(&tiled.lse, &exact.lse);
     println!(
         "CPU reference (no GPU): tiled online-softmax algorithm, {b}x{s}x{h}x{d} bf16 inputs, causal={causal}, \
-         softcap={:?}, alibi={}, window={:?}, sinks={:?}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
+         softcap={:?}, alibi={}, window={:?}, sinks={:?}, documents={:?}: max |O - O_f64| = {err:.2e}, max |LSE - LSE_f64| = {lse_err:.2e}",
         p.softcap,
         p.alibi.is_some(),
         p.window,
-        p.sinks
+        p.sinks,
+        variants.doc_lengths(s)
     );
     if err > 1e-5 || lse_err > 1e-4 {
         return Err(CliError::CheckFailed);
@@ -682,7 +683,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
     };
     let suffix = if a.variants.sinks.is_some() { format!("-sinks{suffix}") } else { suffix };
     let suffix = match &a.variants.doc_lens {
-        Some(l) => format!("-docs{}{suffix}", l.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("_")),
+        Some(l) => format!("-docs{}{suffix}", l.0.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("_")),
         None => suffix,
     };
     // On stderr, and only where it is a terminal: logs and stdout stay clean.

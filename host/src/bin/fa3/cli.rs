@@ -414,27 +414,31 @@ pub struct VariantArgs {
     /// the sequence; a single L cuts the sequence into documents of L tokens (the last one
     /// shorter)
     #[arg(long, value_name = "L,...", value_parser = parse_lengths)]
-    pub doc_lens: Option<Vec<usize>>,
+    pub doc_lens: Option<Lengths>,
 }
+
+/// Comma-separated positive lengths.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lengths(pub Vec<usize>);
 
 impl VariantArgs {
     /// The document lengths of `--doc-lens` over `seqlen` tokens.
     pub fn doc_lengths(&self, seqlen: usize) -> Option<Vec<usize>> {
-        self.doc_lens.as_ref().map(|l| match l.as_slice() {
+        self.doc_lens.as_ref().map(|l| match l.0.as_slice() {
             &[len] => (0..seqlen).step_by(len).map(|start| len.min(seqlen - start)).collect(),
             l => l.to_vec(),
         })
     }
 }
 
-/// Comma-separated positive lengths.
-pub fn parse_lengths(s: &str) -> Result<Vec<usize>, String> {
+pub fn parse_lengths(s: &str) -> Result<Lengths, String> {
     s.split(',')
         .map(|x| match x.trim().parse::<usize>() {
             Ok(v) if v > 0 => Ok(v),
             _ => Err(format!("expected comma-separated positive lengths, got {x:?} in {s:?}")),
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .map(Lengths)
 }
 
 /// Comma-separated finite floats.
