@@ -28,7 +28,8 @@ use candle::backend::BackendStorage;
 use candle::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop};
 use candle::cuda_backend::{CudaDType, CudaDevice};
 use candle::{CpuStorage, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
-use flash_attn3::{AlibiDesc, AttnOptions, BwdTensors, DeviceVec, Gpu, TensorDesc, Window};
+use flash_attn3::{AlibiDesc, AttnOptions, BwdTensors, DeviceVec, DocsDesc, Gpu, TensorDesc, Window};
+pub use flash_attn3::DocumentMask;
 use half::{bf16, f16};
 use std::sync::{Arc, Mutex};
 
@@ -55,6 +56,10 @@ pub struct FlashAttnOptions {
     /// A backward whose dQ, dK and dV are bit-identical across runs (10-12% slower at
     /// head size 128).
     pub deterministic: bool,
+    /// Packed documents (`DocumentMask::from_lengths(&device.cuda_stream(), &lengths)` or
+    /// `from_ids`, on q's device): each query row sees only the keys of its own document.
+    /// Combines with the causal mask, windows and sinks, not with ALiBi or soft-capping.
+    pub documents: Option<Arc<DocumentMask>>,
 }
 
 impl FlashAttnOptions {
@@ -68,6 +73,7 @@ impl FlashAttnOptions {
             softcap: None,
             sinks: None,
             deterministic: false,
+            documents: None,
         }
     }
 
@@ -170,13 +176,13 @@ fn cuda<'a>(name: &str, s: &'a Storage) -> Result<&'a CudaStorage> {
     }
 }
 
-/// Runs `f` with the ALiBi slopes and sinks of `opts` as the planners take them, for q
-/// of `shape`.
+/// Runs `f` with the ALiBi slopes, sinks and documents of `opts` as the planners take
+/// them, for q of `shape`.
 fn with_extras<R>(
     opts: &FlashAttnOptions,
     shape: [usize; 4],
     stream: &Arc<CudaStream>,
-    f: impl FnOnce(Option<AlibiDesc>, Option<DeviceVec>) -> Result<R>,
+    f: impl FnOnce(Option<AlibiDesc>, Option<DeviceVec>, Option<DocsDesc>) -> Result<R>,
 ) -> Result<R> {
     let [b, _, hq, _] = shape;
     let slopes = opts.alibi_slopes.as_ref().map(|t| f32_vec("alibi_slopes", t)).transpose()?;
@@ -203,7 +209,8 @@ fn with_extras<R>(
         }
         _ => None,
     };
-    f(slopes_addr.as_ref().map(|(d, _)| *d), sinks_addr.as_ref().map(|(d, _)| *d))
+    let docs = opts.documents.as_ref().map(|d| d.desc(stream));
+    f(slopes_addr.as_ref().map(|(d, _)| *d), sinks_addr.as_ref().map(|(d, _)| *d), docs.as_ref().map(|(d, _)| *d))
 }
 
 /// One of q, k, v as a custom op gets it.
@@ -256,11 +263,11 @@ impl QkvKernels for FlashAttn {
             let (oa, _os) = out.device_ptr_mut(&stream);
             let (la, _ls) = lse.device_ptr_mut(&stream);
             let od = TensorDesc { dtype: qd.dtype, layout: flash_attn3::Layout::contiguous(shape), addr: oa, buffer_len: out_len };
-            with_extras(&self.opts, shape, &stream, |alibi, sinks| {
+            with_extras(&self.opts, shape, &stream, |alibi, sinks, documents| {
                 // SAFETY: every address comes from a live allocation of this context with
                 // its element count; the planner checks each view against it.
                 unsafe {
-                    flash_attn3::flash_attn_raw(&gpu, &stream, &qd, &kd, &vd, &od, (la, lse_len), &self.opts.attn_options(), alibi, sinks, None)
+                    flash_attn3::flash_attn_raw(&gpu, &stream, &qd, &kd, &vd, &od, (la, lse_len), &self.opts.attn_options(), alibi, sinks, documents)
                 }
                 .map_err(wrap)
             })?;
@@ -336,7 +343,7 @@ impl QkvKernels for FlashAttnBwd {
                 buffer_len: src.layout.numel(),
             };
             let (dq, dk, dv) = (grad(&qd, 0), grad(&kd, nq), grad(&vd, nq + nk));
-            with_extras(&self.opts, qd.layout.shape, &stream, |alibi, sinks| {
+            with_extras(&self.opts, qd.layout.shape, &stream, |alibi, sinks, documents| {
                 let tensors = BwdTensors {
                     q: qd,
                     k: kd,
@@ -353,7 +360,7 @@ impl QkvKernels for FlashAttnBwd {
                     // their own gradient is not asked for.
                     sinks,
                     dsinks: None,
-                    documents: None,
+                    documents,
                 };
                 // SAFETY: as in the forward; the three gradients are disjoint views of
                 // one allocation, each sized to its tensor.

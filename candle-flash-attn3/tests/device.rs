@@ -3,7 +3,7 @@
 //! of the same math in the input dtype, plus a tiny slack), and gradients through
 //! `Tensor::backward` against candle autograd of that math, under the same rule.
 use candle::{D, DType, Device, Tensor, Var};
-use candle_flash_attn3::{FlashAttnOptions, flash_attn, flash_attn_alibi, flash_attn_alibi_windowed, flash_attn_windowed, flash_attn_with};
+use candle_flash_attn3::{DocumentMask, FlashAttnOptions, flash_attn, flash_attn_alibi, flash_attn_alibi_windowed, flash_attn_windowed, flash_attn_with};
 use flash_attn3::check::{O_SLACK, grad_slack};
 use libtest_mimic::{Arguments, Trial};
 
@@ -22,11 +22,13 @@ struct Case {
     alibi: bool,
     softcap: Option<f32>,
     sink: bool,
+    /// Packed documents of this many keys each (the last one shorter).
+    doc_len: Option<usize>,
 }
 
 impl Case {
     fn new(b: usize, sq: usize, sk: usize, hq: usize, hk: usize, d: usize, dtype: DType) -> Self {
-        Case { b, sq, sk, hq, hk, d, dtype, left: None, right: None, alibi: false, softcap: None, sink: false }
+        Case { b, sq, sk, hq, hk, d, dtype, left: None, right: None, alibi: false, softcap: None, sink: false, doc_len: None }
     }
     fn causal(self) -> Self {
         Case { right: Some(0), ..self }
@@ -46,13 +48,22 @@ struct Inputs {
     v: Tensor,
     slopes: Tensor,
     sinks: Tensor,
+    documents: Option<std::sync::Arc<DocumentMask>>,
 }
 
 fn inputs(c: &Case, dev: &Device) -> candle::Result<Inputs> {
     let rnd = |s: usize, h: usize| Tensor::randn(0f32, 1., (c.b, s, h, c.d), dev)?.to_dtype(c.dtype);
     let slopes: Vec<f32> = (0..c.hq).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
     let sinks: Vec<f32> = (0..c.hq).map(|h| h as f32 * 0.7 - 1.0).collect();
+    let documents = match (c.doc_len, dev) {
+        (Some(len), Device::Cuda(cuda)) => {
+            let lengths: Vec<usize> = (0..c.sk).step_by(len).map(|start| len.min(c.sk - start)).collect();
+            Some(std::sync::Arc::new(DocumentMask::from_lengths(&cuda.cuda_stream(), &lengths).map_err(candle::Error::wrap)?))
+        }
+        _ => None,
+    };
     Ok(Inputs {
+        documents,
         q: rnd(c.sq, c.hq)?,
         k: rnd(c.sk, c.hk)?,
         v: rnd(c.sk, c.hk)?,
@@ -68,6 +79,7 @@ fn options(c: &Case, x: &Inputs) -> FlashAttnOptions {
         alibi_slopes: c.alibi.then(|| x.slopes.clone()),
         softcap: c.softcap,
         sinks: c.sink.then(|| x.sinks.clone()),
+        documents: x.documents.clone(),
         ..FlashAttnOptions::new(c.scale())
     }
 }
@@ -79,7 +91,8 @@ fn bias(c: &Case, dev: &Device) -> candle::Result<Tensor> {
     for h in 0..c.hq {
         for i in 0..c.sq as i64 {
             for j in 0..c.sk as i64 {
-                let seen = c.left.is_none_or(|l| j >= i + off - l as i64) && c.right.is_none_or(|r| j <= i + off + r as i64);
+                let same_doc = c.doc_len.is_none_or(|len| (i + off) / len as i64 == j / len as i64);
+                let seen = same_doc && c.left.is_none_or(|l| j >= i + off - l as i64) && c.right.is_none_or(|r| j <= i + off + r as i64);
                 let slope = if c.alibi { 0.5f32.powi(h as i32 + 1) } else { 0.0 };
                 b.push(if seen { -slope * (i + off - j).abs() as f32 } else { f32::NEG_INFINITY });
             }
@@ -328,6 +341,20 @@ fn sink_gradient_matches_candle_autograd(dev: &Device) -> candle::Result<()> {
     Ok(())
 }
 
+/// Packed documents (shorter and longer than a tile, with causal, a window and sinks):
+/// outputs and gradients against the math with the same mask.
+fn documents_match_candle_math(dev: &Device) -> candle::Result<()> {
+    for c in shapes().into_iter().filter(|c| c.sq > 1 && (c.d != 256 || c.dtype == DType::BF16)) {
+        for c in [Case { doc_len: Some(50), ..c }, Case { doc_len: Some(130), ..c.causal() }, Case { doc_len: Some(64), sink: true, ..c.window(20, 3) }] {
+            check_forward(dev, &c, |x| flash_attn_with(&x.q, &x.k, &x.v, &options(&c, x)))?;
+            if c.d != 256 {
+                check_backward(dev, &c)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads.get_or_insert(1);
@@ -346,7 +373,8 @@ fn main() {
             None
         }
     };
-    let tests: [(&str, fn(&Device) -> candle::Result<()>); 10] = [
+    let tests: [(&str, fn(&Device) -> candle::Result<()>); 11] = [
+        ("documents_match_candle_math", documents_match_candle_math),
         ("flash_attn_matches_candle_math", flash_attn_matches_candle_math),
         ("windowed_and_alibi_match_candle_math", windowed_and_alibi_match_candle_math),
         ("softcap_and_sinks_match_candle_math", softcap_and_sinks_match_candle_math),

@@ -119,8 +119,10 @@ impl DocumentMask {
         &self.ids
     }
 
-    /// The planners' view, and the guard that orders a launch after the upload.
-    pub(crate) fn desc<'a>(&'a self, stream: &'a Arc<CudaStream>) -> (DocsDesc, SyncOnDrop<'a>) {
+    /// The planners' view (for [`flash_attn_raw`](crate::flash_attn_raw) and
+    /// [`BwdTensors::documents`](crate::BwdTensors)), and the guard that orders a launch
+    /// on `stream` after the upload (hold it until the launch is queued).
+    pub fn desc<'a>(&'a self, stream: &'a Arc<CudaStream>) -> (DocsDesc, SyncOnDrop<'a>) {
         let (addr, sync) = self.bounds.device_ptr(stream);
         (DocsDesc { addr, positions: self.bounds.len() / 2, seqlen: self.seqlen, per_batch: self.batch.is_some() }, sync)
     }

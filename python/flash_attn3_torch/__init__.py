@@ -1,8 +1,9 @@
 """FlashAttention for Hopper with kernels written in Rust, for PyTorch.
 
 `flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
-softcap=0.0, deterministic=False, return_lse=False)` on CUDA tensors `[batch, seqlen,
-heads, head_dim]` (fp16/bf16, head_dim 64/128/256; the backward 64/128), with autograd
+softcap=0.0, deterministic=False, return_lse=False, documents=None)` on CUDA tensors
+`[batch, seqlen, heads, head_dim]` (fp16/bf16, head_dim 64/128/256; the backward 64/128),
+with `document_mask(ids)` for packed sequences, with autograd
 and `torch.compile` support: the forward and backward are `torch.library` custom ops
 (`flash_attn3::fwd`, `flash_attn3::bwd`) with fake implementations, so compiled graphs
 keep them whole.
@@ -19,7 +20,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["flash_attn_func"]
+__all__ = ["flash_attn_func", "document_mask", "DocumentMask"]
 
 _lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libflash_attn3_capi.so"))
 
@@ -45,6 +46,10 @@ class _Options(ctypes.Structure):
         ("sinks", ctypes.c_uint64),
         ("alibi_slopes", ctypes.c_uint64),
         ("alibi_per_batch", ctypes.c_int32),
+        ("doc_bounds", ctypes.c_uint64),
+        ("doc_positions", ctypes.c_int64),
+        ("doc_seqlen", ctypes.c_int64),
+        ("doc_per_batch", ctypes.c_int32),
     ]
 
 
@@ -80,11 +85,59 @@ def _vector(name, t, shapes):
     return t.data_ptr()
 
 
-def _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+class DocumentMask:
+    """Packed documents for `flash_attn_func(..., documents=mask)`: each query row sees only
+    the keys of its own document (FlexAttention's `doc[q] == doc[kv]`; query `i` sits at
+    key `i + seqlen_k - seqlen_q`). Build it once per packing with `document_mask(ids)`
+    and reuse it across layers, forward and backward. `bounds`: int32 `[seqlen, 2]` or
+    `[batch, seqlen, 2]`, each key position's document as `[start, end)`."""
+
+    def __init__(self, bounds):
+        self.bounds = bounds
+
+    @property
+    def seqlen(self):
+        return self.bounds.shape[-2]
+
+
+def document_mask(ids):
+    """A `DocumentMask` from document ids, one per key token: int `[seqlen]` (shared by the
+    batch) or `[batch, seqlen]`, on the GPU. A document's tokens must be consecutive (an id
+    may not come back after another one); raises ValueError otherwise."""
+    if not (isinstance(ids, torch.Tensor) and ids.is_cuda and not ids.is_floating_point() and ids.dim() in (1, 2) and ids.shape[-1] > 0):
+        raise ValueError(f"document ids must be a non-empty integer CUDA tensor [seqlen] or [batch, seqlen], got {getattr(ids, 'dtype', type(ids))} {tuple(getattr(ids, 'shape', ()))}")
+    rows = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
+    n = rows.shape[1]
+    if n >= 2 ** 31:
+        raise ValueError(f"document ids: {n} tokens, at most 2^31 - 1")
+    pos = torch.arange(n, device=ids.device).expand_as(rows)
+    new = torch.ones_like(rows, dtype=torch.bool)
+    new[:, 1:] = rows[:, 1:] != rows[:, :-1]
+    # Each run's first position, carried right; its last + 1, carried left.
+    start = torch.where(new, pos, torch.zeros_like(pos)).cummax(dim=1).values
+    last = torch.ones_like(new)
+    last[:, :-1] = new[:, 1:]
+    end = torch.where(last, pos + 1, torch.full_like(pos, n)).flip(1).cummin(dim=1).values.flip(1)
+    # Consecutive documents: as many runs as distinct ids, in every row.
+    runs = new.sum(dim=1)
+    distinct = torch.stack([torch.unique(r).numel() * torch.ones((), dtype=torch.int64, device=ids.device) for r in rows])
+    if not torch.equal(runs, distinct):
+        raise ValueError("document ids: a document's tokens must be consecutive (an id comes back after another document)")
+    bounds = torch.stack([start, end], dim=-1).to(torch.int32).contiguous()
+    return DocumentMask(bounds if ids.dim() == 2 else bounds[0])
+
+
+def _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic, doc_bounds=None):
     b, _, h, _ = q.shape
     slopes = _vector("alibi_slopes", alibi_slopes, [(h,), (b, h)])
     per_batch = alibi_slopes is not None and alibi_slopes.dim() == 2
-    return _Options(softmax_scale, int(causal), window_left, window_right, softcap, int(deterministic), _vector("sinks", sinks, [(h,)]), slopes, int(per_batch))
+    docs, positions, seqlen, docs_per_batch = 0, 0, 0, 0
+    if doc_bounds is not None:
+        if not (doc_bounds.is_cuda and doc_bounds.dtype == torch.int32 and doc_bounds.is_contiguous() and doc_bounds.dim() in (2, 3) and doc_bounds.shape[-1] == 2):
+            raise ValueError("documents must come from document_mask(ids)")
+        docs, positions, seqlen, docs_per_batch = doc_bounds.data_ptr(), doc_bounds.numel() // 2, doc_bounds.shape[-2], int(doc_bounds.dim() == 3)
+    return _Options(softmax_scale, int(causal), window_left, window_right, softcap, int(deterministic), _vector("sinks", sinks, [(h,)]), slopes, int(per_batch),
+                    docs, positions, seqlen, docs_per_batch)
 
 
 def _check(rc):
@@ -100,34 +153,34 @@ def _stream(t):
 
 @torch.library.custom_op("flash_attn3::fwd", mutates_args=())
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
-         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+         doc_bounds: Optional[torch.Tensor], softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
          deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     b, s, h, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     descs = [_desc(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("out", out))]
-    opts = _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    opts = _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic, doc_bounds)
     _check(_lib.fa3_forward(q.device.index, _stream(q), *[ctypes.byref(d) for d in descs], lse.data_ptr(), lse.numel(), ctypes.byref(opts)))
     return out, lse
 
 
 @_fwd.register_fake
-def _(q, k, v, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _(q, k, v, alibi_slopes, sinks, doc_bounds, softmax_scale, causal, window_left, window_right, softcap, deterministic):
     b, s, h, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, h, s), dtype=torch.float32)
 
 
 @torch.library.custom_op("flash_attn3::bwd", mutates_args=())
 def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-         alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor], softmax_scale: float, causal: bool,
-         window_left: int, window_right: int, softcap: float,
+         alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor], doc_bounds: Optional[torch.Tensor], softmax_scale: float,
+         causal: bool, window_left: int, window_right: int, softcap: float,
          deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dout = dout.contiguous()
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     b, s, h, d = q.shape
     ws = torch.empty(max(1, _lib.fa3_backward_workspace_bytes(b, s, h, d)), dtype=torch.uint8, device=q.device)
     tensors = (_Tensor * 8)(*[_desc(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv))])
-    opts = _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    opts = _options(q, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic, doc_bounds)
     # The sinks' gradient, or an empty tensor without sinks.
     dsinks = torch.empty(h if sinks is not None else 0, dtype=torch.float32, device=q.device)
     _check(_lib.fa3_backward(q.device.index, _stream(q), tensors, lse.data_ptr(), lse.numel(), dsinks.data_ptr() if sinks is not None else 0,
@@ -136,29 +189,29 @@ def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 @_bwd.register_fake
-def _(dout, q, k, v, out, lse, alibi_slopes, sinks, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _(dout, q, k, v, out, lse, alibi_slopes, sinks, doc_bounds, softmax_scale, causal, window_left, window_right, softcap, deterministic):
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     return (*grads, q.new_empty(q.shape[2] if sinks is not None else 0, dtype=torch.float32))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, alibi_slopes, sinks, *params = inputs
+    q, k, v, alibi_slopes, sinks, doc_bounds, *params = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks, doc_bounds)
     ctx.params = params
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
-    dq, dk, dv, dsinks = _bwd(dout, q, k, v, out, lse, alibi_slopes, sinks, *ctx.params)
-    return dq, dk, dv, None, (dsinks if sinks is not None else None), None, None, None, None, None, None
+    q, k, v, out, lse, alibi_slopes, sinks, doc_bounds = ctx.saved_tensors
+    dq, dk, dv, dsinks = _bwd(dout, q, k, v, out, lse, alibi_slopes, sinks, doc_bounds, *ctx.params)
+    return dq, dk, dv, None, (dsinks if sinks is not None else None), None, None, None, None, None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_lse=False, sinks=None):
+                    deterministic=False, return_lse=False, sinks=None, documents=None):
     """Attention of `q` `[batch, seqlen_q, heads_q, head_dim]` over `k`, `v` `[batch,
     seqlen_k, heads_k, head_dim]` (heads_q a multiple of heads_k: MQA/GQA), as
     FlashAttention's `flash_attn_func`: `softmax_scale` (default `1/sqrt(head_dim)`),
@@ -166,8 +219,13 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     (0: none), `alibi_slopes` (float32 `[heads_q]` or `[batch, heads_q]`, the bias
     `-slope * |i + seqlen_k - seqlen_q - j|`); `deterministic` makes the backward's dQ
     bit-identical across runs; `sinks` (float32 `[heads_q]` logits that join each row's
-    softmax denominator; differentiable). Returns O (and the natural-log LSE `[batch,
-    heads_q, seqlen_q]` f32 with `return_lse`)."""
+    softmax denominator; differentiable); `documents` (a `DocumentMask` from
+    `document_mask(ids)`: packed sequences attend within their own document; needs
+    seqlen_q <= seqlen_k, not with softcap or ALiBi). Returns O (and the natural-log LSE
+    `[batch, heads_q, seqlen_q]` f32 with `return_lse`)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    out, lse = _fwd(q, k, v, alibi_slopes, sinks, scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap), bool(deterministic))
+    if documents is not None and not isinstance(documents, DocumentMask):
+        raise ValueError("documents must be a DocumentMask (document_mask(ids))")
+    doc_bounds = documents.bounds if documents is not None else None
+    out, lse = _fwd(q, k, v, alibi_slopes, sinks, doc_bounds, scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap), bool(deterministic))
     return (out, lse) if return_lse else out

@@ -9,24 +9,28 @@ import math
 import torch
 import torch.nn.functional as F
 
-from flash_attn3_torch import flash_attn_func
+from flash_attn3_torch import document_mask, flash_attn_func
 
 DEV = "cuda"
 
 
-def sdpa(q, k, v, causal=False, window=None, dtype=None):
+def sdpa(q, k, v, causal=False, window=None, dtype=None, doc_ids=None):
     """SDPA on `[b, s, h, d]` tensors (upcast to `dtype` if given), GQA by repeating K/V,
-    the masks bottom-right aligned as FlashAttention's."""
+    the masks bottom-right aligned as FlashAttention's; `doc_ids` (`[b, sk]`): query `i`
+    sees key `j` only if key `i + sk - sq` has `j`'s id."""
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     hq, hk = q.shape[2], k.shape[2]
     k, v = (t.repeat_interleave(hq // hk, dim=2) for t in (k, v))
     sq, sk = q.shape[1], k.shape[1]
     mask = None
+    if doc_ids is not None:
+        i = torch.arange(sq, device=q.device) + (sk - sq)
+        mask = (doc_ids[:, i, None] == doc_ids[:, None, :])[:, None]
     if causal or window is not None:
         i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
         j = torch.arange(sk, device=q.device)[None, :]
-        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device) if mask is None else mask.clone()
         if causal:
             mask &= j <= i
         if window is not None:
@@ -79,6 +83,49 @@ def test_windows_match_sdpa_with_the_same_mask():
     for window in ((64, 0), (100, 20), (-1, 30)):
         for causal in (False, True):
             check_case(torch.bfloat16, 128, causal, window, shape=(1, 400, 400, 4, 4))
+
+
+def test_documents_match_sdpa_with_the_same_mask():
+    """Packed documents (one of a single token, others shorter and longer than a tile),
+    shared or per batch, with causal, fewer queries than keys, GQA; outputs and gradients
+    under the 2x rule against SDPA with the document mask."""
+    b, sq, sk, hq, hk, d = 2, 300, 400, 4, 2, 128
+    for dtype in (torch.float16, torch.bfloat16):
+        for causal in (False, True):
+            for per_batch in (False, True):
+                lens = [[1, 150, 37, 212], [90, 90, 220]] if per_batch else [[64, 1, 335]]
+                ids = torch.tensor([[doc for doc, n in enumerate(l) for _ in range(n)] for l in lens], device=DEV)
+                mask = document_mask(ids if per_batch else ids[0])
+                q, k, v, do = inputs(b, sq, sk, hq, hk, d, dtype, seed=6)
+                out = flash_attn_func(q, k, v, causal=causal, documents=mask)
+                grads = torch.autograd.grad(out, (q, k, v), do)
+                full = ids.expand(b, sk)
+                q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+                exact = sdpa(q64, k64, v64, causal, doc_ids=full)
+                lowp = sdpa(q, k, v, causal, doc_ids=full)
+                ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+                rule(out, lowp, exact, 1e-5)
+                for ours, lo, ex in zip(grads, torch.autograd.grad(lowp, (q, k, v), do), torch.autograd.grad(exact, (q64, k64, v64), do.double())):
+                    rule(ours, lo, ex, ulp)
+
+
+def test_document_ids_are_checked():
+    ids = torch.tensor([0, 0, 1, 1, 0], device=DEV)
+    try:
+        document_mask(ids)
+    except ValueError as e:
+        assert "consecutive" in str(e), e
+    else:
+        raise AssertionError("a document whose tokens are not consecutive must be refused")
+    bounds = document_mask(torch.tensor([5, 5, 2, 7, 7, 7], device=DEV)).bounds
+    assert bounds.tolist() == [[0, 2], [0, 2], [2, 3], [3, 6], [3, 6], [3, 6]], bounds.tolist()
+    q = torch.randn(1, 8, 2, 64, device=DEV, dtype=torch.bfloat16)
+    try:
+        flash_attn_func(q, q, q, documents=document_mask(torch.zeros(6, dtype=torch.int64, device=DEV)))
+    except RuntimeError as e:
+        assert "documents cover 6" in str(e), e
+    else:
+        raise AssertionError("a mask of 6 tokens for 8 keys must be refused")
 
 
 def test_forward_at_hdim_256_and_strided_inputs():

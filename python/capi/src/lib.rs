@@ -9,7 +9,7 @@
 //! typed errors as the Rust API) before anything is launched.
 use common::DType;
 use cudarc::driver::sys::CUstream;
-use flash_attn3::{AlibiDesc, AttnError, AttnOptions, BwdTensors, DeviceVec, Gpu, Layout, TensorDesc, Window};
+use flash_attn3::{AlibiDesc, AttnError, AttnOptions, BwdTensors, DeviceVec, DocsDesc, Gpu, Layout, TensorDesc, Window};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_char;
@@ -45,6 +45,13 @@ pub struct Fa3Options {
     pub sinks: u64,
     pub alibi_slopes: u64,
     pub alibi_per_batch: i32,
+    /// Packed documents: device address of int32 pairs `[start, end)`, one per key
+    /// position (`[seqlen_k, 2]`, or `[batch, seqlen_k, 2]` when `doc_per_batch`), 0: none.
+    pub doc_bounds: u64,
+    /// Pairs at `doc_bounds`, and key positions per sequence of the mask.
+    pub doc_positions: i64,
+    pub doc_seqlen: i64,
+    pub doc_per_batch: i32,
 }
 
 /// Bad argument (the message names it).
@@ -100,6 +107,12 @@ fn alibi(o: &Fa3Options, shape: [usize; 4]) -> Option<AlibiDesc> {
     let per_batch = o.alibi_per_batch != 0;
     let len = if per_batch { shape[0] * shape[2] } else { shape[2] };
     (o.alibi_slopes != 0).then_some(AlibiDesc { addr: o.alibi_slopes, len, per_batch })
+}
+
+/// The document mask of a call (the planner checks it against the call's shapes).
+fn documents(o: &Fa3Options) -> Option<DocsDesc> {
+    let n = |x: i64| usize::try_from(x).unwrap_or(0);
+    (o.doc_bounds != 0).then_some(DocsDesc { addr: o.doc_bounds, positions: n(o.doc_positions), seqlen: n(o.doc_seqlen), per_batch: o.doc_per_batch != 0 })
 }
 
 fn options(o: &Fa3Options) -> AttnOptions<'static> {
@@ -160,7 +173,7 @@ pub unsafe extern "C" fn fa3_forward(
         let (q, k, v, out) = (desc(&q, "q")?, desc(&k, "k")?, desc(&v, "v")?, desc(&out, "out")?);
         let alibi = alibi(&o, q.layout.shape);
         // SAFETY: the caller guarantees the memory (this function's contract).
-        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), alibi, sinks, None) }
+        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), alibi, sinks, documents(&o)) }
     })
 }
 
@@ -211,7 +224,7 @@ pub unsafe extern "C" fn fa3_backward(
             alibi: alibi(&o, d[0].layout.shape),
             sinks: vec(o.sinks).filter(|_| dsinks != 0),
             dsinks: vec(dsinks),
-            documents: None,
+            documents: documents(&o),
         };
         // SAFETY: the caller guarantees the memory (this function's contract).
         unsafe { flash_attn3::flash_attn_backward_raw(g, s, &tensors, &options(&o)) }
