@@ -58,7 +58,7 @@ pub struct FlashAttnOptions {
     pub deterministic: bool,
     /// Packed documents (`DocumentMask::from_lengths(&device.cuda_stream(), &lengths)` or
     /// `from_ids`, on q's device): each query row sees only the keys of its own document.
-    /// Combines with the causal mask, windows and sinks, not with ALiBi or soft-capping.
+    /// Combines with the causal mask, windows, sinks and soft-capping, not with ALiBi.
     pub documents: Option<Arc<DocumentMask>>,
 }
 

@@ -420,8 +420,8 @@ pub const fn multicast_pays(hdim: u32, seqlen_q: u32, seqlen_k: u32) -> bool {
 /// hdim 128 without pingpong in both dtypes, and the other ablation kernels at hdim 128
 /// fp16; each score modification (`ScoreModKind`) and the sliding window
 /// (`MaskKind::Local`, at hdim 256 with 64-key blocks only, [`key_block_of`]) with every
-/// technique; documents (`MaskKind::Document`, with a window or not) without a score
-/// modification.
+/// technique; documents (`MaskKind::Document`, with a window or not) plain and
+/// soft-capped (with ALiBi their consumers spilled at hdim 128).
 #[macro_export]
 macro_rules! fa3_kernel_table {
     ($callback:ident) => {
@@ -494,6 +494,12 @@ macro_rules! fa3_kernel_table {
             fa3_fwd_hdim64_bf16_document => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, None, Document;
             fa3_fwd_hdim128_bf16_document => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, None, Document;
             fa3_fwd_hdim256_bf16_n64_document => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, None, Document;
+            fa3_fwd_hdim64_f16_softcap_document => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Document;
+            fa3_fwd_hdim128_f16_softcap_document => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Document;
+            fa3_fwd_hdim256_f16_n64_softcap_document => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Document;
+            fa3_fwd_hdim64_bf16_softcap_document => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Document;
+            fa3_fwd_hdim128_bf16_softcap_document => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Document;
+            fa3_fwd_hdim256_bf16_n64_softcap_document => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Document;
         }
     };
 }
@@ -699,7 +705,7 @@ mod tests {
                 for score_mod in [crate::ScoreModKind::None, crate::ScoreModKind::Softcap, crate::ScoreModKind::Alibi] {
                     for dtype in [crate::DType::F16, crate::DType::BF16] {
                         for mask in [crate::MaskKind::Causal, crate::MaskKind::Local, crate::MaskKind::Document] {
-                            if mask == crate::MaskKind::Document && score_mod != crate::ScoreModKind::None {
+                            if mask == crate::MaskKind::Document && score_mod == crate::ScoreModKind::Alibi {
                                 continue;
                             }
                             let (wgs, keys) = (consumer_wgs_of(hdim, score_mod, mask), key_block_of(hdim, seqlen_k, mask));

@@ -221,7 +221,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     bit-identical across runs; `sinks` (float32 `[heads_q]` logits that join each row's
     softmax denominator; differentiable); `documents` (a `DocumentMask` from
     `document_mask(ids)`: packed sequences attend within their own document; needs
-    seqlen_q <= seqlen_k, not with softcap or ALiBi). Returns O (and the natural-log LSE
+    seqlen_q <= seqlen_k, not with ALiBi). Returns O (and the natural-log LSE
     `[batch, heads_q, seqlen_q]` f32 with `return_lse`)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     if documents is not None and not isinstance(documents, DocumentMask):

@@ -256,7 +256,7 @@ fn cases() -> Vec<Case> {
     }
     // Packed documents: of one token, shorter and longer than a tile; one packing per
     // batch element or shared; fewer queries than keys (rows at the last keys); GQA and
-    // MQA, strided, more tiles than SMs; with a window and with sinks.
+    // MQA, strided, more tiles than SMs; with a window, with sinks and soft-capped.
     for dtype in DType::ALL {
         for d in [64, 128, 256] {
             for causal in [false, true] {
@@ -266,6 +266,8 @@ fn cases() -> Vec<Case> {
                 v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, docs: Some((&[333], false)), ..base.clone() });
                 v.push(Case { sq: 257, sk: 257, hq: 4, hk: 2, storage: Storage::Strided, window: Some((Some(20), Some(5))), docs: Some((&[50, 7], true)), ..base.clone() });
                 v.push(Case { b: 3, sq: 1500, sk: 1500, hq: 8, hk: 4, sinks: true, docs: Some((&[700, 128, 1], true)), ..base.clone() });
+                v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, softcap: Some(1.5), docs: Some((&[300, 64, 1], true)), ..base.clone() });
+                v.push(Case { sq: 333, sk: 333, hq: 2, hk: 1, softcap: Some(1.5), window: Some((Some(50), Some(0))), docs: Some((&[100], false)), ..base.clone() });
             }
         }
     }

@@ -150,7 +150,7 @@ fn cases() -> Vec<Case> {
     }
     // Packed documents: of one token, shorter and longer than a block; per batch or shared;
     // fewer queries than keys; GQA and MQA, strided, the deterministic kernels (whose
-    // turns follow the documents' key block ranges), with a window and with sinks.
+    // turns follow the documents' key block ranges), with a window, sinks, soft-capped.
     for dtype in DType::ALL {
         for d in [64, 128] {
             for causal in [false, true] {
@@ -159,7 +159,9 @@ fn cases() -> Vec<Case> {
                 v.push(Case { sq: 1000, sk: 1000, hq: 4, hk: 1, docs: Some((&[1, 17, 100, 300, 64], true)), ..base.clone() });
                 v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, strided: true, docs: Some((&[333], false)), ..base.clone() });
                 v.push(Case { sq: 700, sk: 700, hq: 4, hk: 2, deterministic: true, docs: Some((&[250, 1, 128], true)), ..base.clone() });
-                v.push(Case { sq: 500, sk: 500, hq: 4, hk: 2, window: Some((Some(40), Some(8))), sinks: true, docs: Some((&[90, 33], true)), ..base });
+                v.push(Case { sq: 500, sk: 500, hq: 4, hk: 2, window: Some((Some(40), Some(8))), sinks: true, docs: Some((&[90, 33], true)), ..base.clone() });
+                v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, softcap: Some(1.5), docs: Some((&[300, 64, 1], true)), ..base.clone() });
+                v.push(Case { sq: 500, sk: 500, hq: 2, hk: 1, deterministic: true, softcap: Some(1.5), docs: Some((&[128], false)), ..base });
             }
         }
     }

@@ -713,6 +713,11 @@ fn documents_pick_the_document_kernel_with_the_window_and_causal_folded_in() {
     c.documents = docs(500, false);
     assert_eq!(c.plan().unwrap().kernel.name, "fa3_fwd_hdim256_f16_n64_document");
     assert_eq!(Call::good().plan().unwrap().params.docs.addr, 0, "no documents: 0");
+    // Soft-capped documents: their own kernels, hdim 64 on two warpgroups.
+    let mut c = Call::shaped([1, 300, 2, 64], [1, 500, 2, 64], DType::BF16);
+    (c.documents, c.opts) = (docs(500, false), AttnOptions::default().softcap(20.0));
+    let plan = c.plan().unwrap();
+    assert_eq!((plan.kernel.name, plan.kernel.consumer_wgs), ("fa3_fwd_hdim64_bf16_softcap_document", 2));
 }
 
 #[test]
@@ -727,8 +732,15 @@ fn documents_that_do_not_fit_the_call_are_refused_by_name() {
     assert!(matches!(with(docs(499, false), plain), AttnError::OutOfBounds { arg: Arg::Documents, needed: 500, len: 499 }));
     assert!(matches!(with(docs(999, true), plain), AttnError::OutOfBounds { arg: Arg::Documents, needed: 1000, .. }));
     assert!(matches!(with(Some(DocsDesc { addr: BASE + 4, ..docs(500, false).unwrap() }), plain), AttnError::Misaligned { arg: Arg::Documents, .. }));
-    for opts in [plain.softcap(30.0), plain.algo(Algo::Fa2), plain.algo(Algo::Fa3(Techniques::NO_OVERLAP)), plain.schedule(Schedule::PersistentMulticast)] {
+    for opts in [plain.algo(Algo::Fa2), plain.algo(Algo::Fa3(Techniques::NO_OVERLAP)), plain.schedule(Schedule::PersistentMulticast)] {
         assert!(matches!(with(docs(500, false), opts), AttnError::Unsupported(_)), "{opts:?}");
+    }
+    // ALiBi has no document kernel (with or without soft-capping).
+    for opts in [plain, plain.softcap(30.0)] {
+        let mut c = Call::good();
+        (c.documents, c.opts) = (docs(500, false), opts);
+        c.alibi = Some(AlibiDesc { addr: BASE + (20 << 36), len: 8, per_batch: false });
+        assert!(matches!(c.err(), AttnError::Unsupported(m) if m.contains("Alibi")), "{opts:?}");
     }
     // Queries sit at key positions: no more queries than keys.
     let mut c = Call::shaped([1, 600, 2, 128], [1, 500, 2, 128], DType::BF16);

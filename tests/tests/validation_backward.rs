@@ -265,6 +265,10 @@ fn documents_pick_the_backward_document_kernels() {
     }
     let t = BwdTensors { documents: Some(flash_attn3::DocsDesc { seqlen: 400, ..docs }), ..good(128) };
     assert!(matches!(err(&t, &AttnOptions::default()), AttnError::ShapeMismatch(_)));
-    let t = BwdTensors { documents: Some(docs), ..good(128) };
-    assert!(matches!(err(&t, &AttnOptions::default().softcap(10.0)), AttnError::Unsupported(_)));
+    let alibi = Some(flash_attn3::AlibiDesc { addr: 0x7f00_0000_0000 + (24 << 36), len: 8, per_batch: false });
+    let t = BwdTensors { documents: Some(docs), alibi, ..good(128) };
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::Unsupported(_)));
+    let t = BwdTensors { documents: Some(docs), ..good(64) };
+    let plan = plan_backward(&t, &AttnOptions::default().softcap(10.0), 132).unwrap();
+    assert_eq!(plan.launches[1].kernel.name, "bwd_hdim64_bf16_softcap_document");
 }
