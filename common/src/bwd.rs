@@ -510,13 +510,9 @@ macro_rules! bwd_kernel_table {
             bwd_hdim64_bf16_deterministic_document => BF16, hdim 64, MainDeterministic, None, Document;
             bwd_hdim128_bf16_deterministic_document => BF16, hdim 128, MainDeterministic, None, Document;
             bwd_hdim64_f16_softcap_document => F16, hdim 64, Main, Softcap, Document;
-            bwd_hdim128_f16_softcap_document => F16, hdim 128, Main, Softcap, Document;
             bwd_hdim64_bf16_softcap_document => BF16, hdim 64, Main, Softcap, Document;
-            bwd_hdim128_bf16_softcap_document => BF16, hdim 128, Main, Softcap, Document;
             bwd_hdim64_f16_deterministic_softcap_document => F16, hdim 64, MainDeterministic, Softcap, Document;
-            bwd_hdim128_f16_deterministic_softcap_document => F16, hdim 128, MainDeterministic, Softcap, Document;
             bwd_hdim64_bf16_deterministic_softcap_document => BF16, hdim 64, MainDeterministic, Softcap, Document;
-            bwd_hdim128_bf16_deterministic_softcap_document => BF16, hdim 128, MainDeterministic, Softcap, Document;
         }
     };
 }

@@ -141,7 +141,8 @@ pub struct AttnOptions<'a> {
     pub sinks: Option<&'a CudaSlice<f32>>,
     /// Packed documents: each query row sees only the keys of its own document
     /// (FlexAttention's document mask), forward and backward; combines with `causal`, a
-    /// `window`, `sinks` and `softcap` (not with `alibi`). Key blocks of other
+    /// `window`, `sinks` and `softcap` (the soft-capped backward at head dim 64 only; not
+    /// with `alibi`). Key blocks of other
     /// documents are neither loaded nor computed. Needs `seqlen_q <= seqlen_k`.
     pub documents: Option<&'a DocumentMask>,
 }

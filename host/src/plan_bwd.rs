@@ -4,7 +4,7 @@ use crate::error::{Arg, AttnError, Result};
 use crate::plan::{DeviceVec, AlibiDesc, AttnOptions, TensorDesc, ScoreModParams, check_lse_scale_and_sizes, check_tensor, strides};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
-use common::KernelEntry;
+use common::{KernelEntry, MaskKind, ScoreModKind};
 use crate::documents::DocsDesc;
 
 /// Alignment of each region of the workspace.
@@ -184,7 +184,15 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let score_mod = opts.score_mod(t.alibi.is_some())?;
     let mask = opts.mask_kind(seqlen_q, seqlen_k, t.documents.is_some(), score_mod)?;
     let docs = t.documents.map(|d| d.check(batch, seqlen_q, seqlen_k)).transpose()?.unwrap_or_default();
-    let find = |stage| bwd::find(stage, hdim as u32, dtype, score_mod, mask).ok_or(AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}", dtype.name())));
+    let find = |stage| {
+        bwd::find(stage, hdim as u32, dtype, score_mod, mask).ok_or_else(|| {
+            let with = match (score_mod, mask) {
+                (ScoreModKind::None, MaskKind::Causal) => String::new(),
+                _ => format!(" with {score_mod:?} and {mask:?}"),
+            };
+            AttnError::Unsupported(format!("no backward kernel for hdim {hdim} {}{with}", dtype.name()))
+        })
+    };
     let main_stage = if opts.deterministic { BwdStage::MainDeterministic } else { BwdStage::Main };
     let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);
     let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32);

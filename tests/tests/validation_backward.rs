@@ -271,4 +271,7 @@ fn documents_pick_the_backward_document_kernels() {
     let t = BwdTensors { documents: Some(docs), ..good(64) };
     let plan = plan_backward(&t, &AttnOptions::default().softcap(10.0), 132).unwrap();
     assert_eq!(plan.launches[1].kernel.name, "bwd_hdim64_bf16_softcap_document");
+    // At hdim 128 soft-capped documents have no backward kernel (it spilled).
+    let t = BwdTensors { documents: Some(docs), ..good(128) };
+    assert!(matches!(err(&t, &AttnOptions::default().softcap(10.0)), AttnError::Unsupported(m) if m.contains("Softcap and Document")));
 }
