@@ -157,6 +157,9 @@ impl DocsDesc {
         if self.positions < needed {
             return Err(AttnError::OutOfBounds { arg: Arg::Documents, needed, len: self.positions });
         }
+        if self.addr == 0 {
+            return Err(AttnError::Misaligned { arg: Arg::Documents, detail: "null address".into() });
+        }
         if self.addr % 8 != 0 {
             return Err(AttnError::Misaligned { arg: Arg::Documents, detail: format!("address {:#x} is not 8-byte aligned", self.addr) });
         }

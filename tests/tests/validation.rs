@@ -732,6 +732,7 @@ fn documents_that_do_not_fit_the_call_are_refused_by_name() {
     assert!(matches!(with(docs(499, false), plain), AttnError::OutOfBounds { arg: Arg::Documents, needed: 500, len: 499 }));
     assert!(matches!(with(docs(999, true), plain), AttnError::OutOfBounds { arg: Arg::Documents, needed: 1000, .. }));
     assert!(matches!(with(Some(DocsDesc { addr: BASE + 4, ..docs(500, false).unwrap() }), plain), AttnError::Misaligned { arg: Arg::Documents, .. }));
+    assert!(matches!(with(Some(DocsDesc { addr: 0, ..docs(500, false).unwrap() }), plain), AttnError::Misaligned { arg: Arg::Documents, .. }));
     for opts in [plain.algo(Algo::Fa2), plain.algo(Algo::Fa3(Techniques::NO_OVERLAP)), plain.schedule(Schedule::PersistentMulticast)] {
         assert!(matches!(with(docs(500, false), opts), AttnError::Unsupported(_)), "{opts:?}");
     }

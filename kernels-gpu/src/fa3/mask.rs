@@ -46,7 +46,7 @@ impl DocSource for DeviceDocs {
     #[inline(always)]
     fn of(docs: &DocumentBounds, batch: u32) -> Self {
         // Derived where it is used (opaque batch): hoisted out of a mainloop, the address
-        // held two registers that ALiBi's and soft-capping's consumers lack.
+        // held two registers that the soft-capping consumers lack.
         DeviceDocs { addr: docs.batch_addr(crate::ptx::compiler::opaque_u32(batch)) }
     }
 }
@@ -54,8 +54,8 @@ impl DocSource for DeviceDocs {
 impl Documents for DeviceDocs {
     #[inline(always)]
     fn doc(&self, pos: u32) -> Option<(i32, i32)> {
-        // SAFETY: the host checked that the bounds cover every key position of every
-        // batch, and a document kernel always has them.
+        // SAFETY: the host checked that the bounds (a non-null address) cover every key
+        // position of every batch; only document kernels read them.
         let [start, end] = unsafe { crate::ptx::global::ld_nc_v2_u32(self.addr + 8 * pos as u64) };
         Some((start as i32, end as i32))
     }

@@ -268,6 +268,10 @@ mod tests {
             sinks: 0,
             alibi_slopes: 0,
             alibi_per_batch: 0,
+            doc_bounds: 0,
+            doc_positions: 0,
+            doc_seqlen: 0,
+            doc_per_batch: 0,
         }
     }
 
@@ -288,6 +292,9 @@ mod tests {
         assert_eq!(alibi(&o, [2, 64, 8, 64]), None);
         let per_batch = Fa3Options { alibi_slopes: 0x7f00_0000_0000, alibi_per_batch: 1, ..o };
         assert_eq!(alibi(&per_batch, [2, 64, 8, 64]).map(|a| (a.len, a.per_batch)), Some((16, true)));
+        assert_eq!(documents(&o), None, "no documents: none");
+        let docs = Fa3Options { doc_bounds: 0x7f00_0000_0000, doc_positions: 128, doc_seqlen: 64, doc_per_batch: 1, ..o };
+        assert_eq!(documents(&docs), Some(DocsDesc { addr: 0x7f00_0000_0000, positions: 128, seqlen: 64, per_batch: true }));
     }
 
     #[test]
