@@ -15,16 +15,12 @@ pub fn fwd_flops(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, h
 }
 
 /// Forward FLOPs of the (query, key) pairs a call computes: `4 * b * h * d` per pair that
-/// some mask leaves visible (the sliding-window tables count these; without a window
-/// [`fwd_flops`]' convention stays, which halves the causal square).
-pub fn fwd_flops_visible(batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize, hdim: usize, causal: bool, window: Option<Window>) -> f64 {
-    fwd_flops_visible_docs(batch, heads, seqlen_q, seqlen_k, hdim, causal, window, None)
-}
-
-/// [`fwd_flops_visible`] with packed documents too (`doc_ids`: one id per key token,
-/// shared by the batch; rows sit at key `i + seqlen_k − seqlen_q`).
+/// some mask leaves visible (the sliding-window and document tables count these; without
+/// a mask [`fwd_flops`]' convention stays, which halves the causal square). `doc_ids`:
+/// packed documents, one id per key token shared by the batch (rows sit at key
+/// `i + seqlen_k − seqlen_q`).
 #[allow(clippy::too_many_arguments)]
-pub fn fwd_flops_visible_docs(
+pub fn fwd_flops_visible(
     batch: usize,
     heads: usize,
     seqlen_q: usize,

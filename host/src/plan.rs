@@ -7,7 +7,7 @@ use crate::documents::{DocsDesc, DocumentMask};
 use cudarc::driver::CudaSlice;
 use common::fa3::{self, Techniques};
 use common::bwd;
-use common::window::KeyWindow;
+use common::window::{DocumentBounds, KeyWindow};
 use common::{Algo, DType, FwdParams, HEAD_DIMS, KernelEntry, KernelKind, MaskKind, ScoreModKind, Strides, fa2};
 
 /// ALiBi slopes on the device (f32), for [`AttnOptions::alibi`].
@@ -147,6 +147,16 @@ pub struct AttnOptions<'a> {
     pub documents: Option<&'a DocumentMask>,
 }
 
+/// The mask of a call as the planners pass it on: the kernel column and its parameters.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MaskPlan {
+    pub kind: MaskKind,
+    /// The window, causal folded in (default for [`MaskKind::Causal`]).
+    pub window: KeyWindow,
+    /// The documents (default without).
+    pub docs: DocumentBounds,
+}
+
 /// Grid of the FA3 kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Schedule {
@@ -234,32 +244,27 @@ impl<'a> AttnOptions<'a> {
         self
     }
 
-    /// The mask these options compile in (`seqlen_q`, `seqlen_k`: the call's, which a
-    /// window or documents limit; `documents`: whether the call has them), and the
-    /// score modification it checked goes with it.
-    pub(crate) fn mask_kind(&self, seqlen_q: usize, seqlen_k: usize, documents: bool, score_mod: ScoreModKind) -> Result<MaskKind> {
-        if !documents && !self.window.is_some_and(|w| w.is_bounded()) {
-            return Ok(MaskKind::Causal);
+    /// The mask these options compile in and its kernel parameters, for a call of `batch`
+    /// sequences of `seqlen_q` queries and `seqlen_k` keys (which a window or documents
+    /// limit) with `documents` (checked against the call) and the checked `score_mod`.
+    pub(crate) fn mask(&self, batch: usize, seqlen_q: usize, seqlen_k: usize, documents: Option<DocsDesc>, score_mod: ScoreModKind) -> Result<MaskPlan> {
+        if documents.is_none() && !self.window.is_some_and(|w| w.is_bounded()) {
+            return Ok(MaskPlan { kind: MaskKind::Causal, window: KeyWindow::default(), docs: DocumentBounds::default() });
         }
         let max = common::window::MAX_SEQLEN as usize;
         if seqlen_q > max || seqlen_k > max {
             return Err(AttnError::TooLarge(format!("sequence length over {max} with a sliding window or documents")));
         }
-        if documents && matches!(score_mod, ScoreModKind::Alibi | ScoreModKind::SoftcapAlibi) {
+        // Documents without a window: an unbounded one (causal folded in).
+        let window = self.window.unwrap_or_default().key_window(self.causal, seqlen_q, seqlen_k);
+        let Some(d) = documents else {
+            return Ok(MaskPlan { kind: MaskKind::Local, window, docs: DocumentBounds::default() });
+        };
+        if matches!(score_mod, ScoreModKind::Alibi | ScoreModKind::SoftcapAlibi) {
             // Their consumers spilled at hdim 128 (the loaded bounds and ALiBi's registers).
             return Err(AttnError::Unsupported(format!("documents have no kernel with {score_mod:?}")));
         }
-        Ok(if documents { MaskKind::Document } else { MaskKind::Local })
-    }
-
-    /// The window's parameters of a call with mask `mask` (with documents and no window,
-    /// an unbounded one, causal folded in).
-    pub(crate) fn key_window(&self, mask: MaskKind, seqlen_q: usize, seqlen_k: usize) -> KeyWindow {
-        match (mask, self.window) {
-            (MaskKind::Local, Some(w)) => w.key_window(self.causal, seqlen_q, seqlen_k),
-            (MaskKind::Document, w) => w.unwrap_or_default().key_window(self.causal, seqlen_q, seqlen_k),
-            _ => KeyWindow::default(),
-        }
+        Ok(MaskPlan { kind: MaskKind::Document, window, docs: d.check(batch, seqlen_q, seqlen_k)? })
     }
 
     /// The score modification these options compile in, after checking its values
@@ -552,8 +557,8 @@ pub fn plan_forward(
     if score_mod != ScoreModKind::None && algo != Algo::Fa3(Techniques::FULL) {
         return Err(AttnError::Unsupported(format!("{score_mod:?} has kernels only for FlashAttention-3 with every technique (not {algo:?})")));
     }
-    let mask = opts.mask_kind(seqlen_q, seqlen_k, documents.is_some(), score_mod)?;
-    let docs = documents.map(|d| d.check(batch, seqlen_q, seqlen_k)).transpose()?.unwrap_or_default();
+    let mask_plan = opts.mask(batch, seqlen_q, seqlen_k, documents, score_mod)?;
+    let mask = mask_plan.kind;
     let local = mask.is_local();
     if let Some(s) = sinks {
         s.check(Arg::Sinks, heads_q)?;
@@ -629,8 +634,8 @@ pub fn plan_forward(
         alibi_slopes: 0,
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
-        window: opts.key_window(mask, seqlen_q, seqlen_k),
-        docs,
+        window: mask_plan.window,
+        docs: mask_plan.docs,
         sinks: sinks.map_or(0, |s| s.addr),
         tile_counter: 0,
         section_log2: 0,

@@ -182,8 +182,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     // read what they are overwriting.
     check_disjoint(&all)?;
     let score_mod = opts.score_mod(t.alibi.is_some())?;
-    let mask = opts.mask_kind(seqlen_q, seqlen_k, t.documents.is_some(), score_mod)?;
-    let docs = t.documents.map(|d| d.check(batch, seqlen_q, seqlen_k)).transpose()?.unwrap_or_default();
+    let mask_plan = opts.mask(batch, seqlen_q, seqlen_k, t.documents, score_mod)?;
+    let mask = mask_plan.kind;
     let find = |stage| {
         bwd::find(stage, hdim as u32, dtype, score_mod, mask).ok_or_else(|| {
             let with = match (score_mod, mask) {
@@ -241,8 +241,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         alibi_slopes: 0,
         alibi_batch_stride: 0,
         alibi_inv_scale: 0.0,
-        window: opts.key_window(mask, seqlen_q, seqlen_k),
-        docs,
+        window: mask_plan.window,
+        docs: mask_plan.docs,
         sinks: 0,
         dsinks: 0,
         sink_partials: 0,

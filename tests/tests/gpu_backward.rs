@@ -257,7 +257,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let alibi = c.alibi.map(|per_batch| HostAlibi { slopes: &slopes, per_batch });
     let sink_logits = support::sink_logits(c.hq);
     let sinks = c.sinks.then_some(&sink_logits[..]);
-    let doc_ids = c.docs.map(|(lens, per_batch)| flash_attn3::documents::packed_doc_ids(if per_batch { c.b } else { 1 }, c.sk, lens));
+    let doc_ids = support::doc_ids(c.docs, c.b, c.sk);
     let docs = c.docs.zip(doc_ids.as_deref()).map(|((_, per_batch), ids)| HostDocs { ids, per_batch });
     let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c), sinks, docs };
 

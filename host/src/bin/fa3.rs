@@ -5,14 +5,14 @@ mod cli;
 
 use clap::Parser;
 use cli::{BenchArgs, Cli, Command, Fp8AccuracyArgs, InfoArgs, PassArg, PlotArgs, RunArgs, Shape, VariantArgs};
-use flash_attn3::bench::{TimingPlan, fwd_flops, fwd_flops_visible_docs, time_calls, time_forward};
+use flash_attn3::bench::{TimingPlan, fwd_flops, fwd_flops_visible, time_calls, time_forward};
 use flash_attn3::check::{check, check_backward, check_sink_grads};
 use flash_attn3::reference::backward::{BwdTiling, Grads as HostGrads, attention_backward_f64, attention_backward_tiled};
 use flash_attn3::plot::{self, PlotError, Point};
 use flash_attn3::reference::{
     AttnResult, HostAlibi, HostDocs, HostTensor, Problem, Tiling, attention_f64, attention_tiled, max_abs_err, rng, standard_alibi_slopes,
 };
-use flash_attn3::documents::ids_from_lengths;
+use flash_attn3::documents::{ids_from_lengths, packed_doc_ids};
 use flash_attn3::{
     AttnError, AttnOptions, DType, DeviceTensor, DocumentMask, Gpu, backward_workspace_bytes, flash_attn_backward, flash_attn_backward_into, flash_attn_func,
     flash_attn_func_into,
@@ -379,7 +379,12 @@ impl VariantData {
     /// For calls of `heads` query heads over `seqlen_k` keys.
     fn host(v: &VariantArgs, heads: usize, seqlen_k: usize) -> CliResult<Self> {
         let sink_logits = v.sinks.as_ref().map(|s| s.per_head(heads)).transpose().map_err(CliError::Usage)?;
-        let doc_ids = v.doc_lengths(seqlen_k).map(|l| ids_from_lengths(&l)).transpose()?;
+        // One length: documents of that many tokens (the last one shorter).
+        let doc_ids = match v.doc_lens.as_ref().map(|l| l.0.as_slice()) {
+            Some(&[len]) => Some(packed_doc_ids(1, seqlen_k, &[len])),
+            Some(lengths) => Some(ids_from_lengths(lengths)?),
+            None => None,
+        };
         if let Some(ids) = &doc_ids
             && ids.len() != seqlen_k
         {
@@ -465,7 +470,7 @@ fn cpu_demo(causal: bool, variants: &VariantArgs, seed: u64, backward: bool) -> 
         p.alibi.is_some(),
         p.window,
         p.sinks,
-        variants.doc_lengths(s)
+        variants.doc_lens.as_ref().map(|l| &l.0)
     );
     if err > 1e-5 || lse_err > 1e-4 {
         return Err(CliError::CheckFailed);
@@ -734,7 +739,7 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
                 };
                 let flops = match (a.variants.window, &data.doc_ids) {
                     (None, None) => fwd_flops(batch, heads, seqlen, seqlen, hdim, causal),
-                    (w, ids) => fwd_flops_visible_docs(batch, heads, seqlen, seqlen, hdim, causal, w, ids.as_deref()),
+                    (w, ids) => fwd_flops_visible(batch, heads, seqlen, seqlen, hdim, causal, w, ids.as_deref()),
                 };
                 let tflops = flops_factor * flops / (t.median_ms * 1e-3) / 1e12;
                 progress.suspend(|| {

@@ -101,3 +101,10 @@ pub fn docs_suffix(docs: Option<(&[usize], bool)>) -> String {
         None => String::new(),
     }
 }
+
+/// The document ids of a case's packed documents (`lengths` cycled over `seqlen_k` keys,
+/// one packing per batch element of `batch` or one shared), for the reference and the
+/// `DocumentMask`.
+pub fn doc_ids(docs: Option<(&[usize], bool)>, batch: usize, seqlen_k: usize) -> Option<Vec<u32>> {
+    docs.map(|(lengths, per_batch)| flash_attn3::documents::packed_doc_ids(if per_batch { batch } else { 1 }, seqlen_k, lengths))
+}

@@ -421,16 +421,6 @@ pub struct VariantArgs {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lengths(pub Vec<usize>);
 
-impl VariantArgs {
-    /// The document lengths of `--doc-lens` over `seqlen` tokens.
-    pub fn doc_lengths(&self, seqlen: usize) -> Option<Vec<usize>> {
-        self.doc_lens.as_ref().map(|l| match l.0.as_slice() {
-            &[len] => (0..seqlen).step_by(len).map(|start| len.min(seqlen - start)).collect(),
-            l => l.to_vec(),
-        })
-    }
-}
-
 pub fn parse_lengths(s: &str) -> Result<Lengths, String> {
     s.split(',')
         .map(|x| match x.trim().parse::<usize>() {
