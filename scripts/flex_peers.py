@@ -4,7 +4,10 @@ on the variants our kernels have, bf16, forward and backward, causal with a bloc
 plain causal, soft-capping at 30, ALiBi with the standard slopes 2^(-8 (h + 1) / heads),
 a causal sliding window of --window keys (row i sees keys i - W ..= i), that window
 with soft-capping at 30, causal packed documents of --doc-len tokens (FlexAttention's
-document mask, `doc[q] == doc[kv]`), and attention sinks (one logit per head, 0.5 · (h mod 4) − 1:
+document mask, `doc[q] == doc[kv]`), the user-defined variants of examples/variants
+(`causal_relbias`: a learned bias table[h, clamp(kv − q, −128, 128) + 128] under the
+causal mask; `prefixlm`: keys below a prefix of a quarter of the sequence, or causal),
+and attention sinks (one logit per head, 0.5 · (h mod 4) − 1:
 FlexAttention has no sinks, so a key 0 of zero value whose score the score_mod replaces
 by the head's logit and which every row sees stands for it; one extra key).
 Same timing method as `fa3 bench` and peers.py (steady state: --warmup-ms of sustained
@@ -58,6 +61,13 @@ doc = torch.arange(s, device="cuda") // L
 docs_mask = create_block_mask(lambda bi, hi, qi, ki: (qi >= ki) & (doc[qi] == doc[ki]), None, None, s, s, device="cuda")
 docs_pairs = sum(n * (n + 1) // 2 for n in [min(L, s - st) for st in range(0, s, L)])
 variants[f"causal_docs{L}"] = (None, docs_mask, docs_pairs)
+R = 128
+table = (torch.arange(h * (2 * R + 1), device="cuda") % 17).float().view(h, 2 * R + 1) / 17 - 0.5
+relbias = lambda score, bi, hi, qi, ki: score + table[hi, (ki - qi).clamp(-R, R) + R]
+variants["causal_relbias"] = (relbias, block_mask, pairs)
+P = s // 4
+prefix_mask = create_block_mask(lambda bi, hi, qi, ki: (ki < P) | (qi >= ki), None, None, s, s, device="cuda")
+variants["prefixlm"] = (None, prefix_mask, sum(max(i + 1, P) for i in range(s)))
 sinks = torch.tensor([0.5 * (i % 4) - 1.0 for i in range(h)], device="cuda", dtype=torch.float32)
 sink_mod = lambda score, bi, hi, qi, ki: torch.where(ki == 0, sinks[hi], score)
 sink_mask = create_block_mask(lambda bi, hi, qi, ki: (ki == 0) | (qi + 1 >= ki), None, None, s, s + 1, device="cuda")

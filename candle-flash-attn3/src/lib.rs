@@ -267,7 +267,7 @@ impl QkvKernels for FlashAttn {
                 // SAFETY: every address comes from a live allocation of this context with
                 // its element count; the planner checks each view against it.
                 unsafe {
-                    flash_attn3::flash_attn_raw(&gpu, &stream, &qd, &kd, &vd, &od, (la, lse_len), &self.opts.attn_options(), alibi, sinks, documents)
+                    flash_attn3::flash_attn_raw(&gpu, &stream, &qd, &kd, &vd, &od, (la, lse_len), &self.opts.attn_options(), alibi, sinks, documents, None)
                 }
                 .map_err(wrap)
             })?;
@@ -361,6 +361,7 @@ impl QkvKernels for FlashAttnBwd {
                     sinks,
                     dsinks: None,
                     documents,
+                    variant: None,
                 };
                 // SAFETY: as in the forward; the three gradients are disjoint views of
                 // one allocation, each sized to its tensor.

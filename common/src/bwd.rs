@@ -355,6 +355,8 @@ pub struct BwdParams {
     pub sinks: u64,
     pub dsinks: u64,
     pub sink_partials: u64,
+    /// User-defined variants (`ScoreModKind::User`): the buffer their functions read.
+    pub variant: crate::variant::VariantArgs,
 }
 
 impl BwdParams {
@@ -538,6 +540,9 @@ macro_rules! bwd_entries {
 
 /// The backward kernels ([`bwd_kernel_table`]).
 pub const KERNELS: &[KernelEntry] = bwd_kernel_table!(bwd_entries);
+
+/// The backward main kernels of a user-defined variant's module (`crate::variant`).
+pub const VARIANT_KERNELS: &[KernelEntry] = crate::variant_bwd_kernel_table!(bwd_entries);
 
 /// Looks up a backward kernel (the preprocess and postprocess serve every score
 /// modification).

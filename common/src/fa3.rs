@@ -529,6 +529,9 @@ macro_rules! fa3_entries {
 /// The FA3 kernels ([`fa3_kernel_table`]).
 pub const KERNELS: &[KernelEntry] = fa3_kernel_table!(fa3_entries);
 
+/// The forward kernels of a user-defined variant's module (`crate::variant`).
+pub const VARIANT_KERNELS: &[KernelEntry] = crate::variant_fwd_kernel_table!(fa3_entries);
+
 #[cfg(test)]
 mod tests {
     extern crate std;

@@ -30,6 +30,7 @@ pub mod bwd;
 pub mod fa3;
 pub mod fp8;
 pub mod gmma;
+pub mod variant;
 pub mod window;
 
 /// Which forward kernel family to run.
@@ -75,6 +76,10 @@ pub enum ScoreModKind {
     /// Both, soft-capping first (FlashAttention 2's order): logits
     /// `c · tanh(scale · S / c) − slope · |i + seqlen_k − seqlen_q − j|`.
     SoftcapAlibi,
+    /// A user-defined variant (`variant::Variant`), from the user's own module: its
+    /// `score` of the logit `x = scale · S` (the kernel takes `S · softcap_scale` with
+    /// `softcap_scale = scale` and the softmax's scale is `log2 e`) and its mask.
+    User,
 }
 
 /// Which keys a kernel's mask hides, besides those past `seqlen_k`.
@@ -292,6 +297,8 @@ pub struct FwdParams {
     pub tile_counter_base: u32,
     /// FP8 kernels: the dequantization factors of Q, K and V.
     pub fp8: fp8::Fp8Descales,
+    /// User-defined variants ([`ScoreModKind::User`]): the buffer their functions read.
+    pub variant: variant::VariantArgs,
 }
 
 /// What the kernels add to a claimed counter value to get a tile: the launch's claims are

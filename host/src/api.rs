@@ -2,11 +2,12 @@
 use crate::error::{AttnError, Result};
 use crate::gpu::Gpu;
 use crate::documents::DocsDesc;
+use crate::variant::VariantDesc;
 use crate::plan::{AlibiDesc, AttnOptions, DeviceVec, FwdPlan, TensorDesc, plan_forward};
 use crate::plan_bwd::{BwdTensors, backward_workspace_bytes, plan_backward};
 use crate::tensor::{DeviceTensor, TensorMut, TensorRef};
 use crate::tma::TensorMapSpec;
-use common::{FwdParams, TmaDescriptors};
+use common::{FwdParams, KernelEntry, ScoreModKind, TmaDescriptors};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, SyncOnDrop};
 use std::sync::Arc;
 
@@ -95,6 +96,7 @@ pub fn flash_attn_func_into(
     let (alibi, _alibi_sync) = alibi_desc(opts, stream);
     let (sinks, _sinks_sync) = sinks_desc(opts, stream);
     let (documents, _docs_sync) = docs_desc(opts, stream);
+    let (variant, _variant_sync) = variant_desc(opts, stream);
     let plan = plan_forward(
         &desc(q, q_ptr),
         &desc(k, k_ptr),
@@ -105,16 +107,17 @@ pub fn flash_attn_func_into(
         alibi,
         sinks,
         documents,
+        variant,
         gpu.info().sm_count,
     )?;
-    launch(gpu, stream, &plan)
+    launch(gpu, stream, &plan, opts)
 }
 
 /// The forward on raw device addresses (for bindings that own their memory, such as a
 /// PyTorch extension): the same validation and kernels as [`flash_attn_func_into`],
 /// with the tensors, the LSE (`(address, f32 elements)`), the ALiBi slopes, the sink
-/// logits and the document bounds given as addresses, and `stream` any stream of `gpu`'s context (e.g. one from
-/// `CudaContext::wrap_borrowed_stream`).
+/// logits, the document bounds and a variant's buffer given as addresses, and `stream`
+/// any stream of `gpu`'s context (e.g. one from `CudaContext::wrap_borrowed_stream`).
 ///
 /// # Safety
 /// Every address and extent must describe live device memory of `gpu`'s context that
@@ -133,12 +136,13 @@ pub unsafe fn flash_attn_raw(
     alibi: Option<AlibiDesc>,
     sinks: Option<DeviceVec>,
     documents: Option<DocsDesc>,
+    variant: Option<VariantDesc>,
 ) -> Result<()> {
     if !Arc::ptr_eq(stream.context(), gpu.context()) {
         return Err(AttnError::ForeignStream);
     }
-    let plan = plan_forward(q, k, v, out, lse, opts, alibi, sinks, documents, gpu.info().sm_count)?;
-    launch(gpu, stream, &plan)
+    let plan = plan_forward(q, k, v, out, lse, opts, alibi, sinks, documents, variant, gpu.info().sm_count)?;
+    launch(gpu, stream, &plan, opts)
 }
 
 /// The options' document mask as the planners take it, and its read guard.
@@ -150,6 +154,28 @@ fn docs_desc<'a>(opts: &AttnOptions<'a>, stream: &'a Arc<CudaStream>) -> (Option
         }
         None => (None, None),
     }
+}
+
+/// The options' variant buffer as the planners take it, and its read guard.
+fn variant_desc<'a>(opts: &AttnOptions<'a>, stream: &'a Arc<CudaStream>) -> (Option<VariantDesc>, Option<SyncOnDrop<'a>>) {
+    match opts.variant {
+        Some(v) => {
+            let (desc, sync) = v.desc(stream);
+            (Some(desc), sync)
+        }
+        None => (None, None),
+    }
+}
+
+/// The loaded function of `k`: the library's, or for a user variant's kernel the
+/// variant module's (`opts.variant`); for a cluster kernel also the most CTAs that run
+/// at once.
+pub(crate) fn function<'g>(gpu: &'g Gpu, opts: &AttnOptions<'g>, k: &KernelEntry) -> Result<(&'g CudaFunction, Option<u32>)> {
+    if k.score_mod == ScoreModKind::User {
+        let v = opts.variant.ok_or_else(|| AttnError::InvalidVariant(format!("{} needs the call's variant", k.name)))?;
+        return Ok((v.function(gpu, k)?, None));
+    }
+    gpu.function(k).ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", k.name)))
 }
 
 /// The options' sink logits as the planners take them, and their read guard.
@@ -175,9 +201,9 @@ fn alibi_desc<'a>(opts: &AttnOptions<'a>, stream: &'a Arc<CudaStream>) -> (Optio
     }
 }
 
-pub(crate) fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan) -> Result<()> {
+pub(crate) fn launch(gpu: &Gpu, stream: &Arc<CudaStream>, plan: &FwdPlan, opts: &AttnOptions) -> Result<()> {
     let k = plan.kernel;
-    let (f, resident) = gpu.function(k).ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", k.name)))?;
+    let (f, resident) = function(gpu, opts, k)?;
     let mut grid = plan.grid;
     if let Some(r) = resident {
         // Persistent cluster grids: at most what runs at once, in whole clusters (the
@@ -313,6 +339,7 @@ pub fn flash_attn_backward_into(
     let (alibi, _alibi_sync) = alibi_desc(opts, stream);
     let (sinks, _sinks_sync) = sinks_desc(opts, stream);
     let (documents, _docs_sync) = docs_desc(opts, stream);
+    let (variant, _variant_sync) = variant_desc(opts, stream);
     let dsinks_len = dsinks.as_ref().map_or(0, |d| d.len());
     let (dsinks, _dsinks_sync) = match dsinks {
         Some(d) => {
@@ -336,6 +363,7 @@ pub fn flash_attn_backward_into(
         sinks,
         dsinks,
         documents,
+        variant,
     };
     launch_backward(gpu, stream, &tensors, opts)
 }
@@ -360,7 +388,7 @@ fn launch_backward(gpu: &Gpu, stream: &Arc<CudaStream>, tensors: &BwdTensors, op
     let tma = TmaBlock::encode(&plan.tma)?;
     let params = BwdParamBlock(plan.params);
     for l in &plan.launches {
-        let (f, _) = gpu.function(l.kernel).ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", l.kernel.name)))?;
+        let (f, _) = function(gpu, opts, l.kernel)?;
         let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.block, 1, 1), shared_mem_bytes: l.smem_bytes };
         let mut builder = stream.launch_builder(f);
         // The main kernel takes the tensor maps first.

@@ -41,6 +41,8 @@ pub enum Arg {
     Signs,
     /// The document mask (`AttnOptions::documents`).
     Documents,
+    /// A user-defined variant's buffer (`UserVariant::data_f32` / `data_u32`).
+    VariantData,
 }
 
 impl fmt::Display for Arg {
@@ -59,6 +61,7 @@ impl fmt::Display for Arg {
             Arg::VDescale => "v_descale",
             Arg::Signs => "signs",
             Arg::Documents => "documents",
+            Arg::VariantData => "variant data",
             Arg::DOut => "dout",
             Arg::Dq => "dq",
             Arg::Dk => "dk",
@@ -192,6 +195,9 @@ pub enum AttnError {
     /// Document ids or lengths that do not describe packed documents (a document's
     /// tokens not contiguous, lengths that do not add up to the sequence, ...).
     InvalidDocuments(String),
+    /// A user-defined variant that cannot serve the call (not in its module, loaded with
+    /// another `Gpu`).
+    InvalidVariant(String),
     /// The options ask for something the chosen kernel cannot do.
     Unsupported(String),
     /// A dequantization factor (or a Hadamard sign) is zero, negative or not finite.
@@ -267,6 +273,7 @@ impl fmt::Display for AttnError {
             InvalidScale(s) => write!(f, "softmax_scale must be finite and non-negative, got {s}"),
             InvalidSoftcap(c) => write!(f, "softcap must be finite and positive, got {c}"),
             InvalidDocuments(m) => write!(f, "invalid documents: {m}"),
+            InvalidVariant(m) => write!(f, "variant: {m}"),
             Unsupported(m) => write!(f, "unsupported option: {m}"),
             InvalidDescale { arg, index, value } => write!(f, "{arg}[{index}] is {value}; dequantization factors must be finite and positive"),
             BlockSize { arg, got, expected } => write!(f, "{arg}: blocks of {got} rows, but the FP8 kernel's tiles at this head dim are {expected}"),

@@ -32,7 +32,7 @@
 use crate::api::{AttnOutput, launch};
 use crate::error::{Arg, AttnError, Result};
 use crate::gpu::Gpu;
-use crate::plan::{DeviceVec, FwdPlan, MAX_GRID_YZ, MAX_SEQLEN, persistent_ctas, section_log2};
+use crate::plan::{AttnOptions, DeviceVec, FwdPlan, MAX_GRID_YZ, MAX_SEQLEN, persistent_ctas, section_log2};
 use crate::tensor::{DeviceTensor, Layout, TensorMut, TensorRef};
 use crate::tma::{TensorMapSpec, TmaElem};
 use common::fp8::{self, Fp8Descales as DescaleParams, QuantizeOutput, QuantizeParams, ScaleIndex};
@@ -631,7 +631,7 @@ pub fn flash_attn_fp8_into(
         opts,
         gpu.info().sm_count,
     )?;
-    launch(gpu, stream, &plan)
+    launch(gpu, stream, &plan, &AttnOptions::default())
 }
 
 #[cfg(test)]

@@ -158,14 +158,8 @@ impl Gpu {
         let mut functions = Vec::with_capacity(KERNELS.len());
         for k in KERNELS {
             let f = module.load_function(k.name).map_err(|e| AttnError::KernelLoad(format!("{}: {e}", k.name)))?;
+            prepare_function(&info, &k, &f)?;
             let smem = crate::plan::smem_bytes(&k);
-            if smem > info.max_smem_per_block {
-                return Err(AttnError::KernelLoad(format!(
-                    "{} needs {smem} B of shared memory, the GPU allows {}",
-                    k.name, info.max_smem_per_block
-                )));
-            }
-            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)?;
             // A persistent grid must not ask for more clusters than fit at once (the rest
             // would wait for whole clusters to finish).
             let resident = if k.cluster > 1 {
@@ -285,10 +279,25 @@ impl Gpu {
         }
     }
 
+    /// Opts `f` (kernel `k` of another module, a variant's) into its shared memory.
+    pub(crate) fn prepare_function(&self, k: &KernelEntry, f: &CudaFunction) -> Result<()> {
+        prepare_function(&self.info, k, f)
+    }
+
     /// The loaded kernel, and for a cluster kernel the most CTAs that run at once.
     pub(crate) fn function(&self, entry: &KernelEntry) -> Option<(&CudaFunction, Option<u32>)> {
         self.functions.iter().find(|(k, _, _)| k.name == entry.name).map(|(_, f, r)| (f, *r))
     }
+}
+
+/// Opts kernel `k`'s function into the dynamic shared memory it needs, if the GPU has it.
+fn prepare_function(info: &GpuInfo, k: &KernelEntry, f: &CudaFunction) -> Result<()> {
+    let smem = crate::plan::smem_bytes(k);
+    if smem > info.max_smem_per_block {
+        return Err(AttnError::KernelLoad(format!("{} needs {smem} B of shared memory, the GPU allows {}", k.name, info.max_smem_per_block)));
+    }
+    f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)?;
+    Ok(())
 }
 
 /// `stream`'s driver id if its launches may share a cached tile counter (see

@@ -29,6 +29,7 @@ pub mod plot;
 pub mod reference;
 pub mod tensor;
 pub mod tma;
+pub mod variant;
 
 pub use api::{AttnOutput, Grads, flash_attn_backward, flash_attn_backward_into, flash_attn_backward_raw, flash_attn_func, flash_attn_func_into, flash_attn_raw};
 pub use common::fa3::Techniques;
@@ -39,3 +40,4 @@ pub use gpu::{Gpu, GpuInfo, driver_present};
 pub use plan::{AlibiDesc, AlibiSlopes, AttnOptions, DeviceVec, Schedule, TensorDesc, Window, plan_forward};
 pub use plan_bwd::{BwdTensors, backward_workspace_bytes, plan_backward};
 pub use tensor::{DeviceTensor, Element, Layout, TensorMut, TensorRef, round_to};
+pub use variant::{UserVariant, VariantDesc, VariantModule};

@@ -4,6 +4,7 @@ use crate::error::{Arg, AttnError, Result};
 use crate::tensor::Layout;
 use crate::tma::TensorMapSpec;
 use crate::documents::{DocsDesc, DocumentMask};
+use crate::variant::{UserVariant, VariantDesc};
 use cudarc::driver::CudaSlice;
 use common::fa3::{self, Techniques};
 use common::bwd;
@@ -145,6 +146,13 @@ pub struct AttnOptions<'a> {
     /// with `alibi`). Key blocks of other
     /// documents are neither loaded nor computed. Needs `seqlen_q <= seqlen_k`.
     pub documents: Option<&'a DocumentMask>,
+    /// A user-defined variant (`common::variant::Variant`, from a [`VariantModule`]):
+    /// its score and mask functions, forward and backward, with FlashAttention-3 and
+    /// every technique. Combines with `causal` and `sinks`; a window, documents,
+    /// soft-capping or ALiBi go into the variant's own functions instead.
+    ///
+    /// [`VariantModule`]: crate::VariantModule
+    pub variant: Option<UserVariant<'a>>,
 }
 
 /// The mask of a call as the planners pass it on: the kernel column and its parameters.
@@ -244,6 +252,13 @@ impl<'a> AttnOptions<'a> {
         self
     }
 
+    /// Runs a user-defined variant's kernels (see
+    /// [`AttnOptions::variant`](struct.AttnOptions.html#structfield.variant)).
+    pub fn variant(mut self, variant: UserVariant<'a>) -> Self {
+        self.variant = Some(variant);
+        self
+    }
+
     /// The mask these options compile in and its kernel parameters, for a call of `batch`
     /// sequences of `seqlen_q` queries and `seqlen_k` keys (which a window or documents
     /// limit) with `documents` (checked against the call) and the checked `score_mod`.
@@ -270,6 +285,15 @@ impl<'a> AttnOptions<'a> {
     /// The score modification these options compile in, after checking its values
     /// (`alibi`: whether the call passes slopes).
     pub(crate) fn score_mod(&self, alibi: bool) -> Result<ScoreModKind> {
+        if let Some(v) = self.variant {
+            if self.softcap.is_some() || alibi || self.window.is_some_and(|w| w.is_bounded()) || self.documents.is_some() {
+                return Err(AttnError::Unsupported(format!(
+                    "variant {:?} combines only with causal and sinks: fold a window, documents, softcap or ALiBi into its functions",
+                    v.name()
+                )));
+            }
+            return Ok(ScoreModKind::User);
+        }
         match (self.softcap, alibi) {
             (Some(c), _) if !(c.is_finite() && c > 0.0) => Err(AttnError::InvalidSoftcap(c)),
             (Some(_), true) => Ok(ScoreModKind::SoftcapAlibi),
@@ -386,8 +410,10 @@ pub(crate) fn check_tensor(arg: Arg, t: &TensorDesc) -> Result<()> {
 /// Returns the scale.
 /// The parameters a score modification sets, shared by the forward and the backward.
 pub(crate) struct ScoreModParams {
-    /// Soft-capping's cap, if any.
-    pub cap: Option<f32>,
+    /// The natural-log scale of the kernel's scores, for the forward's LSE: the call's
+    /// scale, `c` with soft-capping (the score is a tanh), 1 with a user variant (the
+    /// score is the logit).
+    pub lse_scale: f32,
     pub softcap_scale: f32,
     /// `scale · log2 e`, or with soft-capping `c · log2 e` (the score is then the tanh).
     pub scale_log2: f32,
@@ -401,7 +427,7 @@ impl ScoreModParams {
     pub(crate) fn new(score_mod: ScoreModKind, softcap: Option<f32>, alibi: Option<AlibiDesc>, batch: usize, heads_q: usize, scale: f32) -> Result<Self> {
         let cap = softcap.filter(|_| matches!(score_mod, ScoreModKind::Softcap | ScoreModKind::SoftcapAlibi));
         let mut m = ScoreModParams {
-            cap,
+            lse_scale: cap.unwrap_or(if score_mod == ScoreModKind::User { 1.0 } else { scale }),
             softcap_scale: 0.0,
             scale_log2: scale * std::f32::consts::LOG2_E,
             alibi_slopes: 0,
@@ -412,6 +438,11 @@ impl ScoreModParams {
             // The kernel's score is tanh(S · scale / c); c joins exp2's scale.
             m.softcap_scale = scale / c;
             m.scale_log2 = c * std::f32::consts::LOG2_E;
+        }
+        if score_mod == ScoreModKind::User {
+            // The kernel's score is the variant's logit of `x = S · scale`.
+            m.softcap_scale = scale;
+            m.scale_log2 = std::f32::consts::LOG2_E;
         }
         if let Some(a) = alibi {
             let (batch_stride, inv_scale) = check_alibi(a, batch, heads_q, scale)?;
@@ -511,6 +542,7 @@ pub fn plan_forward(
     alibi: Option<AlibiDesc>,
     sinks: Option<DeviceVec>,
     documents: Option<DocsDesc>,
+    variant: Option<VariantDesc>,
     sm_count: u32,
 ) -> Result<FwdPlan> {
     if q.dtype != k.dtype || q.dtype != v.dtype {
@@ -609,8 +641,12 @@ pub fn plan_forward(
         (s, _) => s,
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
-    let kernel = common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32, score_mod, mask)
-        .ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
+    let kernel = if score_mod == ScoreModKind::User {
+        common::variant::find_forward(hdim as u32, q.dtype)
+    } else {
+        common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32, score_mod, mask)
+    }
+    .ok_or(AttnError::NoKernel { algo, hdim, dtype: q.dtype })?;
     let mut params = FwdParams {
         q: q.addr,
         k: k.addr,
@@ -641,14 +677,15 @@ pub fn plan_forward(
         section_log2: 0,
         tile_counter_base: 0,
         fp8: Default::default(),
+        variant: Default::default(),
     };
     let m = ScoreModParams::new(score_mod, opts.softcap, alibi, batch, heads_q, scale)?;
     (params.softcap_scale, params.scale_log2) = (m.softcap_scale, m.scale_log2);
     (params.alibi_slopes, params.alibi_batch_stride, params.alibi_inv_scale) = (m.alibi_slopes, m.alibi_batch_stride, m.alibi_inv_scale);
-    // The LSE is `softmax_scale · max + ln(sum)`: with soft-capping the max is a tanh.
-    if let Some(cap) = m.cap {
-        params.softmax_scale = cap;
-    }
+    // The LSE is `softmax_scale · max + ln(sum)`: with soft-capping the max is a tanh,
+    // with a user variant the logit.
+    params.softmax_scale = m.lse_scale;
+    params.variant = variant.unwrap_or_default().check()?;
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), None),
         Algo::Fa3(_) => {

@@ -6,6 +6,7 @@ use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
 use common::{KernelEntry, MaskKind, ScoreModKind};
 use crate::documents::DocsDesc;
+use crate::variant::VariantDesc;
 
 /// Alignment of each region of the workspace.
 const REGION_ALIGN: usize = 256;
@@ -112,6 +113,9 @@ pub struct BwdTensors {
     pub dsinks: Option<DeviceVec>,
     /// The forward's document mask, if it had one.
     pub documents: Option<DocsDesc>,
+    /// The buffer of the forward's user-defined variant (`AttnOptions::variant`), if it
+    /// had one with data.
+    pub variant: Option<VariantDesc>,
 }
 
 /// Validates a backward call and plans its launches on a GPU with `sm_count` SMs (the
@@ -184,8 +188,13 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let score_mod = opts.score_mod(t.alibi.is_some())?;
     let mask_plan = opts.mask(batch, seqlen_q, seqlen_k, t.documents, score_mod)?;
     let mask = mask_plan.kind;
-    let find = |stage| {
-        bwd::find(stage, hdim as u32, dtype, score_mod, mask).ok_or_else(|| {
+    let find = |stage: BwdStage| {
+        let found = if score_mod == ScoreModKind::User && stage.is_main() {
+            common::variant::find_backward(hdim as u32, dtype, stage == BwdStage::MainDeterministic)
+        } else {
+            bwd::find(stage, hdim as u32, dtype, score_mod, mask)
+        };
+        found.ok_or_else(|| {
             let with = match (score_mod, mask) {
                 (ScoreModKind::None, MaskKind::Causal) => String::new(),
                 _ => format!(" with {score_mod:?} and {mask:?}"),
@@ -246,6 +255,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         sinks: 0,
         dsinks: 0,
         sink_partials: 0,
+        variant: Default::default(),
     };
     match (t.sinks, t.dsinks) {
         (Some(s), Some(d)) => {
@@ -264,6 +274,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let m = ScoreModParams::new(score_mod, opts.softcap, t.alibi, batch, heads_q, scale)?;
     (params.softcap_scale, params.scale_log2) = (m.softcap_scale, m.scale_log2);
     (params.alibi_slopes, params.alibi_batch_stride, params.alibi_inv_scale) = (m.alibi_slopes, m.alibi_batch_stride, m.alibi_inv_scale);
+    params.variant = t.variant.unwrap_or_default().check()?;
     let (b, hq, hk) = (batch as u32, heads_q as u32, heads_k as u32);
     let aux = |kernel, rows: u32| Launch { kernel, grid: (rows.div_ceil(bwd::PREPROCESS_ROWS), hq, b), block: bwd::AUX_THREADS, smem_bytes: 0 };
     let launches = [

@@ -18,6 +18,7 @@ pub mod fp8;
 use crate::tensor::round_to;
 use common::DType;
 use common::fa3::RESCALE_THRESHOLD_LOG2;
+use common::variant::{Coords, Variant};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rand_distr::{Distribution, Normal};
 
@@ -83,6 +84,53 @@ pub struct Problem<'a> {
     /// Packed documents: query `i` sees key `j` only if the key position
     /// `i + seqlen_k − seqlen_q` has `j`'s document id (needs `seqlen_q <= seqlen_k`).
     pub docs: Option<HostDocs<'a>>,
+    /// A user-defined variant ([`HostVariantOf`]): its logit of every scaled score and its
+    /// mask (on top of the others), evaluated in f32 as the kernels do.
+    pub variant: Option<&'a dyn HostVariant>,
+}
+
+/// A user-defined variant as the CPU references evaluate it: `common::variant::Variant`
+/// with its buffer on the host ([`HostVariantOf`]).
+pub trait HostVariant: Sync + std::fmt::Debug {
+    /// The logit of pair `at` from the scaled score `x` and its derivative; `None` for a
+    /// pair the variant hides. (A score function runs in f32, as in the kernels; without
+    /// one `x` passes through unrounded.)
+    fn logit(&self, at: Coords, x: f64) -> Option<(f64, f64)>;
+}
+
+/// Variant `V` reading `data` (the words the kernels read from the device buffer).
+pub struct HostVariantOf<V> {
+    /// The buffer, in 4-byte words.
+    pub data: Vec<u32>,
+    variant: std::marker::PhantomData<fn() -> V>,
+}
+
+impl<V> HostVariantOf<V> {
+    /// `V` with buffer `data`.
+    pub fn new(data: Vec<u32>) -> Self {
+        HostVariantOf { data, variant: std::marker::PhantomData }
+    }
+}
+
+impl<V> std::fmt::Debug for HostVariantOf<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostVariantOf<{}>({} words)", std::any::type_name::<V>(), self.data.len())
+    }
+}
+
+impl<V: Variant> HostVariant for HostVariantOf<V> {
+    fn logit(&self, at: Coords, x: f64) -> Option<(f64, f64)> {
+        let data = &self.data[..];
+        if V::MASK_MOD && !V::visible(data, at) {
+            return None;
+        }
+        if !V::SCORE_MOD {
+            return Some((x, 1.0));
+        }
+        let x = x as f32;
+        let grad = if V::SCORE_GRAD { V::score_grad(data, at, x) } else { 1.0 };
+        Some((V::score(data, at, x) as f64, grad as f64))
+    }
 }
 
 /// Document ids on the host, one per key token: `[seqlen_k]` shared by the batch, or
@@ -126,7 +174,7 @@ pub struct HostAlibi<'a> {
 impl<'a> Problem<'a> {
     /// Attention with no variant: optionally causal, scale `scale`.
     pub fn plain(q: &'a HostTensor, k: &'a HostTensor, v: &'a HostTensor, causal: bool, scale: f32) -> Self {
-        Problem { q, k, v, causal, scale, softcap: None, alibi: None, window: None, sinks: None, docs: None }
+        Problem { q, k, v, causal, scale, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None }
     }
 }
 
@@ -152,13 +200,29 @@ impl Problem<'_> {
     /// The logit of a scaled score `x = scale · q·k` of query `i` and key `j` of head `h`
     /// of batch `b`: `x`, or `c · tanh(x / c)` with soft-capping, minus the ALiBi bias
     /// (in f64, for the exact reference).
+    /// With a user variant, its logit (`-inf` for a pair it hides), evaluated in f32.
     pub fn logit_f64(&self, x: f64, b: usize, h: usize, i: usize, j: usize) -> f64 {
+        if self.variant.is_some() {
+            return self.variant_logit(x, b, h, i, j).map_or(f64::NEG_INFINITY, |(l, _)| l);
+        }
         self.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh()) - self.alibi_bias(b, h, i, j) as f64
     }
 
     /// [`Problem::logit_f64`] in f32.
     pub fn logit_f32(&self, x: f32, b: usize, h: usize, i: usize, j: usize) -> f32 {
+        if self.variant.is_some() {
+            return self.variant_logit(x as f64, b, h, i, j).map_or(f32::NEG_INFINITY, |(l, _)| l as f32);
+        }
         self.softcap.map_or(x, |c| c * (x / c).tanh()) - self.alibi_bias(b, h, i, j)
+    }
+
+    /// The user variant's logit of the scaled score `x` of query `i` and key `j` of head
+    /// `h` of batch `b`, and its derivative: `(x, 1)` without a variant, `None` for a
+    /// pair it hides.
+    pub fn variant_logit(&self, x: f64, b: usize, h: usize, i: usize, j: usize) -> Option<(f64, f64)> {
+        let Some(v) = self.variant else { return Some((x, 1.0)) };
+        let (seqlen_q, seqlen_k) = (self.q.shape[1] as u32, self.k.shape[1] as u32);
+        v.logit(Coords { batch: b as u32, head: h as u32, q: i as u32, kv: j as u32, seqlen_q, seqlen_k }, x)
     }
 
     /// Head `h`'s sink logit, if any.
@@ -176,10 +240,11 @@ impl Problem<'_> {
         })
     }
 
-    /// Whether the logits are modified (soft-capping or ALiBi): the tiled algorithm then
+    /// Whether the logits are modified (soft-capping, ALiBi or a variant): the tiled
+    /// algorithm then
     /// works on the logits rather than on raw scores.
     pub fn modifies_scores(&self) -> bool {
-        self.softcap.is_some() || self.alibi.is_some()
+        self.softcap.is_some() || self.alibi.is_some() || self.variant.is_some()
     }
 
     /// The keys query row `i` of batch `b` sees: all of them; up to its bottom-right
@@ -282,6 +347,10 @@ pub fn attention_f64(p: &Problem<'_>) -> AttnResult<f64> {
             .map(|j| p.logit_f64(q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale, b, h, i, j))
             .collect();
         let m = s.iter().cloned().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
+        if m == f64::NEG_INFINITY {
+            // A variant hides every key of the row.
+            return f64::INFINITY;
+        }
         let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
         let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
         for (j, &ej) in keys.zip(&e) {
@@ -308,6 +377,9 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
         }
         let s = p.logits_f32(b, h, i, keys.clone());
         let m = s.iter().cloned().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+        if m == f32::NEG_INFINITY {
+            return f32::INFINITY;
+        }
         let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
         let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |x| (x - m).exp());
         for (j, &ej) in keys.zip(&e) {

@@ -11,7 +11,8 @@
 //! 4. `llc -mcpu=sm_90a` to PTX;
 //! 5. raise the `.param` alignment of TMA descriptor blocks to 128 bytes (rustc's PTX ABI
 //!    cannot express an alignment above 16; the TMA unit needs 64) and check that the
-//!    module exports exactly the kernels of `common::KERNELS`.
+//!    module exports exactly its kernels ([`Exports`]: `common::KERNELS`, or a variant
+//!    crate's `{name}__{kernel}` for each kernel of `common::variant::KERNELS`).
 //!
 //! It also runs `ptxas -v` (from PyPI's `nvidia-cuda-nvcc`, when present) and parses its
 //! report, so spills and stack frames are caught without a GPU.
@@ -21,6 +22,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use common::KernelEntry;
 
 pub mod sass;
 
@@ -62,12 +65,42 @@ impl From<std::io::Error> for Error {
 }
 
 pub struct BuildConfig {
-    /// Directory of the kernel crate (`kernels-gpu`).
+    /// Directory of the kernel crate (`kernels-gpu`, or a variant crate that depends on it).
     pub kernel_dir: PathBuf,
     /// Cargo target directory for the nvptx build (kept apart from the host's).
     pub target_dir: PathBuf,
     /// Where the PTX is written.
     pub out_ptx: PathBuf,
+    /// The kernels the module must export, exactly.
+    pub exports: Exports,
+}
+
+/// Which kernels a module exports.
+#[derive(Clone, Debug)]
+pub enum Exports {
+    /// The library's own: `common::KERNELS`.
+    Builtin,
+    /// A variant module's: for each variant name given to `kernels_gpu::variant_kernels!`,
+    /// every kernel of `common::variant::KERNELS`, as `{name}__{kernel}`.
+    Variants(Vec<String>),
+}
+
+impl Exports {
+    /// Each exported symbol and the kernel it is.
+    pub fn kernels(&self) -> Vec<(String, KernelEntry)> {
+        match self {
+            Exports::Builtin => common::KERNELS.iter().map(|k| (k.name.to_string(), *k)).collect(),
+            Exports::Variants(names) => names
+                .iter()
+                .flat_map(|n| common::variant::KERNELS.iter().map(move |k| (variant_symbol(n, k), *k)))
+                .collect(),
+        }
+    }
+}
+
+/// The exported name of `kernel` (of `common::variant::KERNELS`) for variant `variant`.
+pub fn variant_symbol(variant: &str, kernel: &KernelEntry) -> String {
+    format!("{variant}{}{}", common::variant::SEPARATOR, kernel.name)
 }
 
 pub struct Built {
@@ -88,8 +121,38 @@ impl BuildConfig {
             kernel_dir: repo_root().join("kernels-gpu"),
             target_dir: target_root.join("nvptx"),
             out_ptx,
+            exports: Exports::Builtin,
         }
     }
+
+    /// A variant crate at `kernel_dir` (a `no_std` crate calling
+    /// `kernels_gpu::variant_kernels!` with these `names`), building under `target_root`.
+    pub fn variant(kernel_dir: PathBuf, target_root: &Path, out_ptx: PathBuf, names: &[&str]) -> Self {
+        let exports = Exports::Variants(names.iter().map(|n| n.to_string()).collect());
+        BuildConfig { kernel_dir, target_dir: target_root.join("nvptx"), out_ptx, exports }
+    }
+}
+
+/// From a user crate's `build.rs`: builds the variant crate at `kernel_dir` (relative to
+/// the calling package) into `$OUT_DIR/{file}` and returns its path, for
+/// `include_str!(concat!(env!("OUT_DIR"), "/{file}"))`. Reruns when the variant crate
+/// changes. ptxas' report, when a ptxas is found, becomes cargo warnings (spills).
+pub fn build_variant_module(kernel_dir: &Path, names: &[&str], file: &str) -> Result<PathBuf, Error> {
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").ok_or_else(|| Error::Ptx("OUT_DIR is not set: call from a build script".into()))?);
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let kernel_dir = manifest.join(kernel_dir);
+    for watched in ["src", "Cargo.toml"] {
+        println!("cargo:rerun-if-changed={}", kernel_dir.join(watched).display());
+    }
+    let cfg = BuildConfig::variant(kernel_dir, &out_dir, out_dir.join(file), names);
+    let built = build(&cfg)?;
+    if let Some(ptxas) = find_ptxas() {
+        let (kernels, loose) = run_ptxas(&ptxas, &built.ptx_path)?;
+        for problem in report_problems(&kernels, &loose, cfg.exports.kernels().len()) {
+            println!("cargo:warning=ptxas: {problem}");
+        }
+    }
+    Ok(built.ptx_path)
 }
 
 fn run(cmd: &mut Command) -> Result<std::process::Output, Error> {
@@ -154,7 +217,13 @@ pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
         .arg("--message-format=json-render-diagnostics")
         .arg("--target-dir")
         .arg(&cfg.target_dir)
-        .env("RUSTFLAGS", format!("-C target-cpu={SM} -C llvm-args={UNROLL_THRESHOLD}")))?;
+        .env("RUSTFLAGS", format!("-C target-cpu={SM} -C llvm-args={UNROLL_THRESHOLD}"))
+        // The kernel crate's profile, whichever workspace it builds in (a variant crate
+        // may sit in its user's).
+        .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "false"))?;
 
     let rlibs = rlib_artifacts(&String::from_utf8_lossy(&out.stdout))?;
     let work = cfg.target_dir.join("link");
@@ -178,7 +247,8 @@ pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
 
     let linked = work.join("linked.bc");
     run(Command::new(tools.join("llvm-link")).args(&bitcode).arg("-o").arg(&linked))?;
-    let names: Vec<&str> = common::KERNELS.iter().map(|k| k.name).collect();
+    let exports = cfg.exports.kernels();
+    let names: Vec<&str> = exports.iter().map(|(n, _)| n.as_str()).collect();
     let optimized = work.join("opt.bc");
     run(Command::new(tools.join("opt"))
         .arg("-passes=internalize,globaldce,default<O3>")
@@ -195,7 +265,7 @@ pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
         .arg("-o")
         .arg(&raw_ptx))?;
 
-    let ptx = finish_ptx(&std::fs::read_to_string(&raw_ptx)?)?;
+    let ptx = finish_ptx_for(&std::fs::read_to_string(&raw_ptx)?, &exports)?;
     if let Some(dir) = cfg.out_ptx.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -226,36 +296,41 @@ fn rlib_artifacts(json_lines: &str) -> Result<Vec<PathBuf>, Error> {
 /// Checks the exported kernels against `common::KERNELS` and aligns TMA descriptor
 /// parameters to [`TMA_PARAM_ALIGN`] bytes.
 pub fn finish_ptx(raw: &str) -> Result<String, Error> {
+    finish_ptx_for(raw, &Exports::Builtin.kernels())
+}
+
+/// [`finish_ptx`] for a module exporting `exports` (symbol, kernel) exactly.
+pub fn finish_ptx_for(raw: &str, exports: &[(String, KernelEntry)]) -> Result<String, Error> {
     let entries: Vec<&str> = raw
         .lines()
         .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
         .map(|l| l.trim_end_matches('(').trim())
         .collect();
-    for k in &common::KERNELS {
-        if !entries.contains(&k.name) {
-            return Err(Error::Ptx(format!("kernel {} is listed in common::KERNELS but not defined", k.name)));
+    for (name, _) in exports {
+        if !entries.contains(&name.as_str()) {
+            return Err(Error::Ptx(format!("kernel {name} is listed but not defined")));
         }
     }
     for e in &entries {
-        if !common::KERNELS.iter().any(|k| k.name == *e) {
-            return Err(Error::Ptx(format!("kernel {e} is defined but not listed in common::KERNELS")));
+        if !exports.iter().any(|(name, _)| name == e) {
+            return Err(Error::Ptx(format!("kernel {e} is defined but not listed")));
         }
     }
     let mut ptx = raw.to_string();
-    for k in common::KERNELS.iter().filter(|k| k.tma_param_bytes > 0) {
-        let tail = format!(" .b8 {}_param_0[{}]", k.name, k.tma_param_bytes);
+    for (name, k) in exports.iter().filter(|(_, k)| k.tma_param_bytes > 0) {
+        let tail = format!(" .b8 {name}_param_0[{}]", k.tma_param_bytes);
         let found = [".param .align 8", ".param .align 16"]
             .iter()
             .map(|head| format!("{head}{tail}"))
             .find(|decl| ptx.contains(decl.as_str()));
         let Some(decl) = found else {
-            return Err(Error::Ptx(format!("{}: no TMA descriptor parameter `{tail}` found", k.name)));
+            return Err(Error::Ptx(format!("{name}: no TMA descriptor parameter `{tail}` found")));
         };
         // 128 as nvcc emits for a __grid_constant__ CUtensorMap (the TMA unit needs 64).
         ptx = ptx.replace(&decl, &format!(".param .align {TMA_PARAM_ALIGN}{tail}"));
     }
-    for k in common::KERNELS.iter().filter(|k| k.launch_bounds > 0) {
-        ptx = add_launch_bounds(&ptx, k.name, k.launch_bounds, k.cluster)?;
+    for (name, k) in exports.iter().filter(|(_, k)| k.launch_bounds > 0) {
+        ptx = add_launch_bounds(&ptx, name, k.launch_bounds, k.cluster)?;
     }
     Ok(ptx)
 }
@@ -469,6 +544,25 @@ ptxas warning : something global\n";
             let cluster = if k.cluster > 1 { format!(".reqnctapercluster {}, 1, 1\n", k.cluster) } else { String::new() };
             assert!(body.ends_with(&format!(")\n.maxntid {}, 1, 1\n.minnctapersm 1\n{cluster}", k.launch_bounds)), "{body}");
         }
+    }
+
+    #[test]
+    fn variant_modules_export_each_variants_kernels_under_its_name() {
+        let exports = Exports::Variants(vec!["a".into(), "b_c".into()]).kernels();
+        assert_eq!(exports.len(), 2 * common::variant::KERNELS.len());
+        let mut raw = String::new();
+        for (name, k) in &exports {
+            assert!(name.starts_with("a__") || name.starts_with("b_c__"), "{name}");
+            raw += &format!(".visible .entry {name}(\n\t.param .align 16 .b8 {name}_param_0[{}],\n\t.param .align 8 .b8 p[8]\n)\n{{\n\tret;\n}}\n", k.tma_param_bytes);
+        }
+        let ptx = finish_ptx_for(&raw, &exports).unwrap();
+        for (name, k) in &exports {
+            assert!(ptx.contains(&format!(".param .align 128 .b8 {name}_param_0[{}]", k.tma_param_bytes)), "{name}");
+        }
+        // The library's own kernels are not a variant module's, and a missing one fails.
+        assert!(finish_ptx_for(&skeleton(), &exports).is_err());
+        let (first, _) = &exports[0];
+        assert!(finish_ptx_for(&raw.replace(&format!(".entry {first}("), ".entry other("), &exports).is_err());
     }
 
     #[test]

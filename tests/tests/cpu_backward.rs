@@ -122,7 +122,7 @@ proptest! {
         let sinks = sink_logits.as_deref();
         let ids = doc_lens.filter(|_| s.sq <= s.sk).map(|l| flash_attn3::documents::packed_doc_ids(s.b, s.sk, &l));
         let docs = ids.as_deref().map(|ids| HostDocs { ids, per_batch: true });
-        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks, docs }, &dout);
+        let grads = attention_backward_f64(&Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks, docs, variant: None }, &dout);
         const H: f32 = 1.0 / 65536.0;
         for (name, which, g) in [("dQ", 0, &grads.dq), ("dK", 1, &grads.dk), ("dV", 2, &grads.dv)] {
             let x = [&q, &k, &v][which];
@@ -132,7 +132,7 @@ proptest! {
                     t.data[idx] += delta;
                     let mut qkv = [&q, &k, &v];
                     qkv[which] = &t;
-                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi, window, sinks, docs };
+                    let p = Problem { q: qkv[0], k: qkv[1], v: qkv[2], causal: s.causal, scale, softcap, alibi, window, sinks, docs, variant: None };
                     (loss(&p, &dout), t.data[idx] as f64)
                 };
                 let ((l_plus, x_plus), (l_minus, x_minus)) = (at(H), at(-H));
@@ -143,7 +143,7 @@ proptest! {
         }
         // The sinks' gradient, by the same differences on each sink logit.
         if let Some(logits) = &sink_logits {
-            let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks, docs };
+            let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks, docs, variant: None };
             let g = sink_grads_f64(&p, &dout);
             prop_assert_eq!(g.len(), hq);
             for (h, &want) in g.iter().enumerate() {
@@ -176,7 +176,7 @@ proptest! {
         let sink_logits = sink.map(|x| sink_logits(hq, x));
         let ids = doc_lens.filter(|_| s.sq <= s.sk).map(|l| flash_attn3::documents::packed_doc_ids(s.b, s.sk, &l));
         let docs = ids.as_deref().map(|ids| HostDocs { ids, per_batch: true });
-        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks: sink_logits.as_deref(), docs };
+        let p = Problem { q: &q, k: &k, v: &v, causal: s.causal, scale, softcap, alibi, window, sinks: sink_logits.as_deref(), docs, variant: None };
         let exact = attention_backward_f64(&p, &dout);
         let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, None);
         let tiled = attention_backward_tiled(&p, &dout, &fwd.o, &fwd.lse, tiling, None);
@@ -270,7 +270,7 @@ fn lowp_backward_error_is_small_but_nonzero() {
         for dtype in DType::ALL {
             let (sq, sk, causal) = [(48, 48, false), (48, 48, true), (33, 70, true), (70, 33, false)][seed as usize];
             let [q, k, v, dout] = inputs(1, sq, sk, 4, 2, 32, dtype, seed);
-            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None, window: None, sinks: None, docs: None };
+            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 32f32.sqrt().recip(), softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
             let exact = attention_backward_f64(&p, &dout);
             let errs = rel_errs(&attention_backward_lowp(&p, &dout, dtype), &exact);
             let [eq, ek, ev] = errs;
@@ -298,7 +298,7 @@ fn tiled_lowp_backward_is_within_twice_the_naive_error() {
         for (case, &(sq, sk, causal)) in shapes.iter().enumerate() {
             for seed in 0..3u64 {
                 let [q, k, v, dout] = inputs(1, sq, sk, 2, 1, 64, dtype, seed * 16 + case as u64);
-                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+                let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.125, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
                 let exact = attention_backward_f64(&p, &dout);
                 let naive = attention_backward_lowp(&p, &dout, dtype).max_abs_err(&exact);
                 for tiling in tilings {
@@ -349,7 +349,7 @@ fn rows_without_keys_give_zero_dq_and_add_nothing_to_dk_dv() {
     let (q2, dout2) = (garble(&q, 77), garble(&dout, 78));
     let odd_tiles = BwdTiling { block_m: 3, block_n: 16 };
     let run = |q: &HostTensor, dout: &HostTensor| -> Vec<Grads<f64>> {
-        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+        let p = Problem { q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
         let fwd = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
         assert!(fwd.lse.iter().enumerate().all(|(r, &l)| (r % sq < empty_rows) == (l == f32::INFINITY)));
         let widen = |g: Grads<f32>| Grads {
@@ -400,7 +400,7 @@ proptest! {
             l.iter().position(|&len| { end += len; j < end }).unwrap_or(l.len()) as u32
         }).collect());
         let docs = ids.as_deref().map(|ids| HostDocs { ids, per_batch: false });
-        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(Window { left, right }), sinks: None, docs };
+        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(Window { left, right }), sinks: None, docs, variant: None };
         let off = sk - sq.min(sk);
         for j in 0..sk {
             let want: Vec<usize> = (0..sq)
@@ -430,7 +430,7 @@ fn sink_gradient_check_accepts_rounding_and_rejects_wrong_terms() {
     let (b, s, h, d) = (2, 300, 3, 64);
     let [q, k, v, dout] = inputs(b, s, s, h, h, d, DType::BF16, 7);
     let sinks = sink_logits(h, -0.5);
-    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.125, softcap: None, alibi: None, window: None, sinks: Some(&sinks), docs: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.125, softcap: None, alibi: None, window: None, sinks: Some(&sinks), docs: None, variant: None };
     let fwd = attention_tiled(&p, Tiling { block_m: 64, block_n: 64, lazy_rescale: true }, Some(DType::BF16));
     let given = flash_attn3::reference::backward::sink_grads_given(&p, &dout, &fwd.o, &fwd.lse);
     let right: Vec<f32> = given.iter().map(|&(g, _)| g as f32).collect();

@@ -82,7 +82,7 @@ proptest! {
         let sinks: Option<Vec<f32>> = sink.map(|x| (0..hq).map(|h| x - 1.5 * h as f32).collect());
         let ids = doc_lens.filter(|_| c.sq <= c.sk).map(|l| flash_attn3::documents::packed_doc_ids(c.b, c.sk, &l));
         let docs = ids.as_deref().map(|ids| flash_attn3::reference::HostDocs { ids, per_batch: true });
-        let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: c.scale, softcap: None, alibi: None, window, sinks: sinks.as_deref(), docs };
+        let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: c.scale, softcap: None, alibi: None, window, sinks: sinks.as_deref(), docs, variant: None };
         let exact = attention_f64(&p);
         let tiled = attention_tiled(&p, Tiling { block_m: c.block_m, block_n: c.block_n, lazy_rescale: c.lazy_rescale }, None);
         let o_err = max_abs_err(&tiled.o, &exact.o);
@@ -106,7 +106,7 @@ proptest! {
         let q = randn([b, s, h, d], seed, 1.0);
         let k = randn([b, s, h, d], seed ^ 1, 1.0);
         let v = randn([b, s, h, d], seed ^ 2, 1.0);
-        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.2, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.2, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
         let exact = attention_f64(&p);
         for dtype in DType::ALL {
             let err = max_abs_err(&attention_lowp(&p, dtype).o, &exact.o);
@@ -124,7 +124,7 @@ fn softmax_rows_sum_to_one() {
     let k = randn([b, sk, h, d], 8, 2.0);
     let v = HostTensor::new([b, sk, h, d], vec![1.0; b * sk * h * d]);
     for causal in [false, true] {
-        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.7, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 0.7, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
         let r = attention_f64(&p);
         assert!(r.o.iter().all(|&x| (x - 1.0).abs() < 1e-12));
     }
@@ -137,7 +137,7 @@ fn lse_is_log_sum_exp_of_scaled_scores() {
     let q = randn([1, sq, 1, d], 1, 1.0);
     let k = randn([1, sk, 1, d], 2, 1.0);
     let v = randn([1, sk, 1, d], 3, 1.0);
-    let p = Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.5, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.5, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
     let r = attention_f64(&p);
     for i in 0..sq {
         let direct: f64 = (0..sk)
@@ -160,7 +160,7 @@ fn causal_mask_is_bottom_right_aligned() {
     let q = randn([1, 4, 1, d], 11, 1.0);
     let k = randn([1, 10, 1, d], 12, 1.0);
     let v = randn([1, 10, 1, d], 13, 1.0);
-    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
     assert_eq!((0..4).map(|i| p.visible_range(0, i)).collect::<Vec<_>>(), vec![0..7, 0..8, 0..9, 0..10]);
     let full = attention_f64(&Problem { causal: false, ..p });
     let causal = attention_f64(&p);
@@ -169,7 +169,7 @@ fn causal_mask_is_bottom_right_aligned() {
     assert_ne!(&causal.o[..d], &full.o[..d]);
 
     let q2 = randn([1, 10, 1, d], 14, 1.0);
-    let p2 = Problem { q: &q2, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+    let p2 = Problem { q: &q2, k: &k, v: &v, causal: true, scale: 0.3, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
     let r = attention_f64(&p2);
     for c in 0..d {
         assert!((r.o[c] - v.data[c] as f64).abs() < 1e-12);
@@ -184,7 +184,7 @@ fn rows_without_keys_give_zero_output_and_infinite_lse() {
     let q = randn([1, sq, 2, d], 21, 1.0);
     let k = randn([1, sk, 2, d], 22, 1.0);
     let v = randn([1, sk, 2, d], 23, 1.0);
-    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.25, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+    let p = Problem { q: &q, k: &k, v: &v, causal: true, scale: 0.25, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
     let empty_rows = sq - sk; // rows 0..14 see no key
     let exact = attention_f64(&p);
     let tiled = attention_tiled(&p, Tiling { block_m: 8, block_n: 4, lazy_rescale: true }, None);
@@ -212,7 +212,7 @@ fn extreme_and_constant_logits_stay_finite_and_exact() {
     let k = randn([1, s, 1, d], 32, 3.0);
     let v = randn([1, s, 1, d], 33, 1.0);
     for scale in [100.0f32, 1000.0] {
-        let p = Problem { q: &q, k: &k, v: &v, causal: false, scale, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+        let p = Problem { q: &q, k: &k, v: &v, causal: false, scale, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
         let exact = attention_f64(&p);
         let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16, lazy_rescale: true }, None);
         assert!(tiled.o.iter().all(|x| x.is_finite()));
@@ -220,7 +220,7 @@ fn extreme_and_constant_logits_stay_finite_and_exact() {
     }
     // q = 0: every score is 0, weights uniform, O = mean of visible V rows, LSE = ln(n).
     let zeros = HostTensor::new([1, s, 1, d], vec![0.0; s * d]);
-    let p = Problem { q: &zeros, k: &k, v: &v, causal: true, scale: 1.0, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+    let p = Problem { q: &zeros, k: &k, v: &v, causal: true, scale: 1.0, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
     let tiled = attention_tiled(&p, Tiling { block_m: 16, block_n: 16, lazy_rescale: true }, None);
     for i in [0usize, 9, 69] {
         let n = i + 1;
@@ -240,7 +240,7 @@ fn lazy_rescaling_is_exact_when_the_max_keeps_climbing() {
     let k = HostTensor::new([1, s, 1, d], (0..s * d).map(|i| (i / d) as f32 * 0.7 / d as f32).collect());
     let v = randn([1, s, 1, d], 41, 1.0);
     for causal in [false, true] {
-        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+        let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
         let exact = attention_f64(&p);
         // The f32 rounding of exponent arguments up to ~200 (as in the property above).
         let max_v = v.data.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
@@ -271,7 +271,7 @@ fn lazy_rescaling_keeps_the_low_precision_error_of_eager_rescaling() {
             let q = HostTensor::randn([1, sq, 2, d], dtype, 1.0, &mut rng(seed));
             let k = HostTensor::randn([1, sk, 1, d], dtype, 1.0, &mut rng(seed ^ 1));
             let v = HostTensor::randn([1, sk, 1, d], dtype, 1.0, &mut rng(seed ^ 2));
-            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap: None, alibi: None, window: None, sinks: None, docs: None };
+            let p = Problem { q: &q, k: &k, v: &v, causal, scale: 1.0 / (d as f32).sqrt(), softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
             let exact = attention_f64(&p);
             let naive = max_abs_err(&attention_lowp(&p, dtype).o, &exact.o);
             // The tiles of the kernel the planner launches (hdim 256's key block depends on sk).
@@ -307,8 +307,8 @@ fn output_is_invariant_under_key_permutation() {
         HostTensor::new(t.shape, data)
     };
     let (k2, v2) = (perm(&k), perm(&v));
-    let a = attention_f64(&Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.4, softcap: None, alibi: None, window: None, sinks: None, docs: None });
-    let b = attention_f64(&Problem { q: &q, k: &k2, v: &v2, causal: false, scale: 0.4, softcap: None, alibi: None, window: None, sinks: None, docs: None });
+    let a = attention_f64(&Problem { q: &q, k: &k, v: &v, causal: false, scale: 0.4, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None });
+    let b = attention_f64(&Problem { q: &q, k: &k2, v: &v2, causal: false, scale: 0.4, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None });
     assert!(max_abs_err(&a.o.iter().map(|&x| x as f32).collect::<Vec<_>>(), &b.o) < 1e-6);
 }
 
@@ -323,7 +323,7 @@ fn windows_see_the_band_around_the_diagonal() {
             for right in [None, Some(0), Some(2), Some(40)] {
                 for causal in [false, true] {
                     let window = Some(Window { left, right });
-                    let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window, sinks: None, docs: None };
+                    let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window, sinks: None, docs: None, variant: None };
                     for i in 0..sq {
                         let diag = i as i64 + sk as i64 - sq as i64;
                         let want: Vec<usize> = (0..sk)
@@ -367,7 +367,7 @@ proptest! {
         let bounds = ids.as_deref().map(|ids| flash_attn3::documents::document_bounds(ids).unwrap());
         let (q, k) = (HostTensor::new([1, sq, 1, 1], vec![0.0; sq]), HostTensor::new([1, sk, 1, 1], vec![0.0; sk]));
         let docs = ids.as_deref().map(|ids| flash_attn3::reference::HostDocs { ids, per_batch: false });
-        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(window), sinks: None, docs };
+        let p = Problem { q: &q, k: &k, v: &k, causal, scale: 1.0, softcap: None, alibi: None, window: Some(window), sinks: None, docs, variant: None };
         for i in 0..sq {
             let want = p.visible_range(0, i);
             let (first, end) = match &bounds {

@@ -259,7 +259,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     let sinks = c.sinks.then_some(&sink_logits[..]);
     let doc_ids = support::doc_ids(c.docs, c.b, c.sk);
     let docs = c.docs.zip(doc_ids.as_deref()).map(|((_, per_batch), ids)| HostDocs { ids, per_batch });
-    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c), sinks, docs };
+    let p = Problem { q: &q, k: &k, v: &v, causal: c.causal, scale: 1.0 / (c.d as f32).sqrt(), softcap: c.softcap, alibi, window: window_of(c), sinks, docs, variant: None };
 
     let stream = gpu.new_stream()?;
     let dev_slopes = stream.clone_htod(&slopes)?;

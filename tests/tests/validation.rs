@@ -45,7 +45,7 @@ impl Call {
     }
 
     fn plan(&self) -> Result<flash_attn3::plan::FwdPlan, AttnError> {
-        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, self.alibi, self.sinks, self.documents, 132)
+        plan_forward(&self.q, &self.k, &self.v, &self.out, self.lse, &self.opts, self.alibi, self.sinks, self.documents, None, 132)
     }
 
     fn err(self) -> AttnError {

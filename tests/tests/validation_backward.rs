@@ -31,6 +31,7 @@ fn good(d: usize) -> BwdTensors {
         sinks: None,
         dsinks: None,
         documents: None,
+        variant: None,
     }
 }
 

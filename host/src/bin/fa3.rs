@@ -437,6 +437,7 @@ impl VariantData {
             window: v.window,
             sinks: self.sink_logits.as_deref(),
             docs: self.doc_ids.as_deref().map(|ids| HostDocs { ids, per_batch: false }),
+            variant: None,
         }
     }
 }

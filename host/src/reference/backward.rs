@@ -236,6 +236,11 @@ pub fn attention_backward_tiled(
         // before the scale; after the tanh, tanh units).
         let bias = p.alibi_bias(b, h, i, j);
         let (pij, grad) = match p.softcap {
+            // A user variant as the kernel: its logit of `s · scale`, in log2 units.
+            _ if p.variant.is_some() => match p.variant_logit((s * p.scale) as f64, b, h, i, j) {
+                Some((logit, grad)) => ((logit as f32).mul_add(std::f32::consts::LOG2_E, -lse2[r]).exp2(), grad as f32),
+                None => (0.0, 0.0),
+            },
             None => ((s - bias / p.scale).mul_add(scale_log2, -lse2[r]).exp2(), 1.0),
             Some(c) => {
                 let t = (s * (p.scale / c)).tanh();
@@ -258,8 +263,15 @@ fn backward_naive<T: Real>(p: &Problem<'_>, dout: &HostTensor, fwd: &AttnResult<
     let pair = |b: usize, h: usize, i: usize, j: usize| {
         let r = (b * hq + h) * sq + i;
         let s: T = dot(p.q.row(b, i, h), p.k.row(b, j, h / group));
-        // The logit and its derivative by `scale · s` (1, or 1 − tanh² with soft-capping).
-        let (logit, grad) = T::logit(s * scale, p.softcap);
+        // The logit and its derivative by `scale · s` (1, or 1 − tanh² with soft-capping,
+        // or a user variant's, in f32 as the kernels evaluate it; a hidden pair has P = 0).
+        let (logit, grad) = match p.variant {
+            Some(_) => match p.variant_logit((s * scale).to_f64(), b, h, i, j) {
+                Some((l, g)) => (T::of_f64(l), T::of_f64(g)),
+                None => return (T::default(), T::default()),
+            },
+            None => T::logit(s * scale, p.softcap),
+        };
         let logit = logit - T::of(p.alibi_bias(b, h, i, j));
         let pij = (logit - fwd.lse[r]).exp().rounded(dtype);
         let dp: T = dot(dout.row(b, i, h), p.v.row(b, j, h / group));
@@ -345,7 +357,7 @@ fn for_each_key_row<T: Copy + Send + Sync + Default>(
     p: &Problem<'_>,
     row_fn: impl Fn(usize, usize, usize, &mut [T], &mut [T]) + Sync,
 ) -> (Vec<T>, Vec<T>) {
-    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None, alibi: None, window: None, sinks: None, docs: None };
+    let keys = Problem { q: p.k, k: p.k, v: p.v, causal: false, scale: p.scale, softcap: None, alibi: None, window: None, sinks: None, docs: None, variant: None };
     let d = p.k.shape[3];
     let rows = for_each_row(&keys, |b, kv, j, out: &mut [(T, T)]| {
         let (mut dk, mut dv) = (vec![T::default(); d], vec![T::default(); d]);
@@ -396,6 +408,8 @@ trait Real:
     + std::ops::AddAssign
 {
     fn of(x: f32) -> Self;
+    fn of_f64(x: f64) -> Self;
+    fn to_f64(self) -> f64;
     fn exp(self) -> Self;
     fn abs(self) -> Self;
     /// The logit of a scaled score and its derivative: `(x, 1)`, or with soft-capping at
@@ -408,6 +422,12 @@ trait Real:
 impl Real for f32 {
     fn of(x: f32) -> Self {
         x
+    }
+    fn of_f64(x: f64) -> Self {
+        x as f32
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
     }
     fn abs(self) -> Self {
         f32::abs(self)
@@ -429,6 +449,12 @@ impl Real for f32 {
 impl Real for f64 {
     fn of(x: f32) -> Self {
         x as f64
+    }
+    fn of_f64(x: f64) -> Self {
+        x
+    }
+    fn to_f64(self) -> f64 {
+        self
     }
     fn abs(self) -> Self {
         f64::abs(self)

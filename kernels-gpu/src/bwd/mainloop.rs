@@ -23,6 +23,7 @@ use crate::ptx::compiler::opaque_u64;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{fence, math, smem};
 use crate::fa3::mask::DocSource;
+use crate::fa3::variant::{LogitHook, VariantCall};
 use common::window::Documents;
 use common::bwd::{BwdParams, CtaSteps, STAGES, step_needs_mask};
 use common::gmma::{desc_add, k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_rows};
@@ -118,8 +119,12 @@ pub struct Consumer<'a, K: BwdTraits> {
 impl<K: BwdTraits> Consumer<'_, K> {
     /// `dPᵀ` is issued after `Pᵀ` is made, so that its accumulator is not held while the
     /// tanh and its derivative are: with it in flight, hdim 128 spilled. Costs the overlap
-    /// of the exponentials with `dPᵀ` (ALiBi fits without).
-    const LATE_DP: bool = K::SOFTCAP;
+    /// of the exponentials with `dPᵀ` (ALiBi fits without). User variants likewise.
+    const LATE_DP: bool = K::SOFTCAP || K::Variant::ACTIVE;
+
+    /// Each pair's `P` is packed as it is made and `P` times the logit's derivative kept
+    /// for `dS` (soft-capping, and user variants whose derivative is not 1).
+    const SCALED_DS: bool = K::SOFTCAP || K::Variant::GRAD;
 
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
@@ -139,9 +144,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let lane = self.thread_in_wg % 32;
         let key_row = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
         let mask = KeyRowMask::new::<K>(p, key_row);
-        // ALiBi reads each step's head (its slope) from the step's index.
+        // ALiBi and user variants read each step's head from the step's index.
         steps.for_each_query_block(#[inline(always)] |step, m| {
-            let h = if K::ALIBI { steps.head_of(step) } else { 0 };
+            let h = if K::ALIBI || K::Variant::ACTIVE { steps.head_of(step) } else { 0 };
             self.visit(&mut grads, &mask, h, m)
         });
         grads
@@ -176,7 +181,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
     }
 
     /// One step: query block `m` of the CTA's `h`-th query head (the producer loaded it;
-    /// only ALiBi reads `h`).
+    /// only ALiBi and user variants read `h`).
     #[inline(always)]
     fn step(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, h: u32, m: u32, masked: bool) {
         let st = self.state;
@@ -240,11 +245,15 @@ impl<K: BwdTraits> Consumer<'_, K> {
             (0, 0.0)
         };
         let doc_rows = if K::Docs::DOCS && masked { mask.doc_rows::<K>(self.p, self.batch) } else { [[i32::MIN, i32::MAX]; 2] };
+        // User variants: the step's head, and this lane's first key row.
+        let user = K::Variant::new(self.batch, self.head_k * self.p.kv_group + h);
+        let user_call = VariantCall { args: &self.p.variant, seqlen_q: &self.p.seqlen_q, seqlen_k: &self.p.seqlen_k };
+        let user_key = self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4;
         let mut probs = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
         for kb in 0..steps {
             // Soft-capping packs each pair of P as it is made, for dV, and keeps
             // P · (1 − tanh²) in its place, for dS (tanh' of the logits): both fit in the
-            // registers P alone takes.
+            // registers P alone takes. User variants keep P times their derivative.
             let mut packed = [0u32; 4];
             for e in 0..2 {
                 let j = 2 * kb + e;
@@ -260,7 +269,14 @@ impl<K: BwdTraits> Consumer<'_, K> {
                         // Soft-capping: the score is the tanh; `c` is in `scale_log2`.
                         // ALiBi: minus the slope times the distance from the diagonal
                         // (after the tanh when both: the slope is then in its units).
-                        let t = if K::SOFTCAP { math::tanh(sf[i] * self.p.softcap_scale) } else { sf[i] };
+                        // User variants: the logit from `x = S · scale`, and its derivative.
+                        let (t, user_grad) = if K::Variant::ACTIVE {
+                            user.logit(user_call, query0 as u32 + col + c as u32, user_key + 8 * r as u32, sf[i] * self.p.softcap_scale)
+                        } else if K::SOFTCAP {
+                            (math::tanh(sf[i] * self.p.softcap_scale), 0.0)
+                        } else {
+                            (sf[i], 0.0)
+                        };
                         let logit = if K::ALIBI {
                             let dist = (alibi_diag + 8 * r as i32 - (col + c as u32) as i32).unsigned_abs() as f32;
                             math::fma(-slope, dist, t)
@@ -269,12 +285,18 @@ impl<K: BwdTraits> Consumer<'_, K> {
                         };
                         let prob = if hidden { 0.0 } else { math::exp2(math::fma(logit, self.p.scale_log2, -lse2[c])) };
                         pair[c] = prob;
-                        sf[i] = if K::SOFTCAP { prob * math::fma(-t, t, 1.0) } else { prob };
+                        sf[i] = if K::Variant::GRAD {
+                            prob * user_grad
+                        } else if K::SOFTCAP {
+                            prob * math::fma(-t, t, 1.0)
+                        } else {
+                            prob
+                        };
                     }
                     packed[2 * e + r] = K::Element::pack2(pair[0], pair[1]);
                 }
             }
-            probs.set_step(kb, if K::SOFTCAP { packed } else { scores.probs_step::<K::Element>(kb) });
+            probs.set_step(kb, if Self::SCALED_DS { packed } else { scores.probs_step::<K::Element>(kb) });
         }
         let do_b = mn_major_sw128(do_slot.0, K::BLOCK_M);
         if Self::LATE_DP {

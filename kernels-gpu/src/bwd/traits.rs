@@ -4,6 +4,7 @@
 //! it.
 use crate::element::Element;
 use crate::fa3::mask::DocSource;
+use crate::fa3::variant::LogitHook;
 use crate::fa3::traits::{FragTile, ScoreTile};
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::softmax::Frag;
@@ -36,6 +37,10 @@ pub trait BwdTraits: Copy + 'static {
     const LOCAL: bool;
     /// The documents of a local kernel (`NoDocuments` but for `common::MaskKind::Document`).
     type Docs: DocSource;
+    /// A user-defined variant's logit and derivative (`common::ScoreModKind::User`;
+    /// `NoVariant` in the built-in kernels): `P` from its logits and `dS` times its
+    /// derivative, as soft-capping.
+    type Variant: LogitHook;
     /// Query rows per step.
     const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
     /// Keys per CTA.

@@ -102,6 +102,13 @@ pub trait ScoreMod: Copy {
 
     /// Modifies this lane's scores in place (coordinates as for [`Mask::apply`]).
     fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32);
+
+    /// [`ScoreMod::apply`] with the call's parameters at hand (for modifications that
+    /// read them where they run rather than hold them in registers).
+    #[inline(always)]
+    fn apply_with<S: FragTile>(&self, _p: &FwdParams, s: &mut S, row_g: i32, col_2t: i32) {
+        self.apply(s, row_g, col_2t)
+    }
 }
 
 /// The keys past `seqlen_k`, and when the call is causal (a run-time flag of the

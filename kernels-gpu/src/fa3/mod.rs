@@ -17,7 +17,9 @@
 //! - [`pipeline`]: the stage/phase ring of mbarriers;
 //! - [`barriers`]: the named-barrier ids;
 //! - [`descale`]: the FP8 kernels' dequantization factors (e4m3 Q, K, V through the
-//!   same roles: `crate::element::Operand` says what changes in the GEMMs).
+//!   same roles: `crate::element::Operand` says what changes in the GEMMs);
+//! - [`variant`]: user-defined variants (`common::variant`) in the score-modification
+//!   hooks of the forward and the backward.
 //!
 //! `docs/design.md` maps the roles, pipelines and barriers, and the data flow of a tile.
 pub mod barriers;
@@ -31,6 +33,7 @@ pub mod producer;
 pub mod scheduler;
 pub mod storage;
 pub mod traits;
+pub mod variant;
 
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::smem::SmemAddr;

@@ -65,6 +65,19 @@ pub unsafe fn ld_nc_u32(addr: u64) -> u32 {
     v
 }
 
+/// [`ld_nc_u32`] of memory that no thread writes for the whole launch, as a pure
+/// function of `addr`: the compiler may merge equal loads, hoist them out of loops and
+/// drop unused ones.
+///
+/// # Safety
+/// As [`ld_nc_u32`]; the data must not change while the kernel runs.
+#[inline(always)]
+pub unsafe fn ld_nc_invariant_u32(addr: u64) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.global.nc.b32 {0}, [{1}];", out(reg32) v, in(reg64) addr, options(pure, readonly, nostack)) };
+    v
+}
+
 /// Loads two consecutive `u32` from global memory through the read-only (non-coherent)
 /// path.
 ///

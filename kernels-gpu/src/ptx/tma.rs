@@ -14,14 +14,15 @@ pub struct TensorMap(pub u64);
 /// without copying it: the PTX names parameters `<kernel>_param_<i>`, and `cvta.param`
 /// (PTX 7.7+) turns the `.param` address into a generic one the TMA unit accepts. Taking
 /// `&param` in Rust instead would copy it to local memory, where tensor maps may not live.
+/// `$symbol`: the kernel's exported name, a string literal (`stringify!(name)`).
 #[macro_export]
 macro_rules! kernel_param0_address {
-    ($kernel:ident) => {{
+    ($symbol:expr) => {{
         let addr: u64;
         // SAFETY: reads the address of this kernel's own parameter.
         unsafe {
             core::arch::asm!(
-                concat!("mov.b64 {0}, ", stringify!($kernel), "_param_0;"),
+                concat!("mov.b64 {0}, ", $symbol, "_param_0;"),
                 "cvta.param.u64 {0}, {0};",
                 out(reg64) addr,
                 options(pure, nomem, nostack)

@@ -173,7 +173,7 @@ pub unsafe extern "C" fn fa3_forward(
         let (q, k, v, out) = (desc(&q, "q")?, desc(&k, "k")?, desc(&v, "v")?, desc(&out, "out")?);
         let alibi = alibi(&o, q.layout.shape);
         // SAFETY: the caller guarantees the memory (this function's contract).
-        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), alibi, sinks, documents(&o)) }
+        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), alibi, sinks, documents(&o), None) }
     })
 }
 
@@ -225,6 +225,7 @@ pub unsafe extern "C" fn fa3_backward(
             sinks: vec(o.sinks).filter(|_| dsinks != 0),
             dsinks: vec(dsinks),
             documents: documents(&o),
+            variant: None,
         };
         // SAFETY: the caller guarantees the memory (this function's contract).
         unsafe { flash_attn3::flash_attn_backward_raw(g, s, &tensors, &options(&o)) }

@@ -1,0 +1,66 @@
+//! Two user-defined attention variants, written once for the GPU and the CPU reference
+//! (the contract: `common::variant`).
+//!
+//! - [`RelBias`]: a learned relative-position bias (T5-style), one table row per query
+//!   head: the logit is `x + table[head][clamp(kv − (q + seqlen_k − seqlen_q), −R, R) + R]`
+//!   with `R = RelBias::MAX_DISTANCE`. Buffer: the f32 table `[heads_q][2R + 1]`.
+//! - [`PrefixLm`]: a prefix-LM mask: every query sees the whole prefix of its batch
+//!   element and, past it, the keys up to its bottom-right diagonal. Buffer: the prefix
+//!   length of each batch element (u32). Run without `causal` (the prefix is not causal).
+#![no_std]
+// What the kernels' entry points need (nightly, as the library's own kernels).
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
+
+use common::variant::{Coords, Variant, VariantData};
+
+/// A learned relative-position bias.
+#[derive(Clone, Copy)]
+pub struct RelBias;
+
+impl RelBias {
+    /// Distances beyond this share the last bucket (a model constant, so that the
+    /// kernels hold no register for it).
+    pub const MAX_DISTANCE: u32 = 128;
+    /// Buckets per head, `2 MAX_DISTANCE + 1`.
+    pub const BUCKETS: u32 = 2 * Self::MAX_DISTANCE + 1;
+
+    /// The distance bucket of pair `at` in `[0, BUCKETS)`.
+    #[inline(always)]
+    pub fn bucket(at: Coords) -> u32 {
+        let diagonal = at.q as i32 + at.seqlen_k as i32 - at.seqlen_q as i32;
+        let r = Self::MAX_DISTANCE as i32;
+        // `max`/`min`: `clamp` would bring a panic path.
+        ((at.kv as i32 - diagonal).max(-r).min(r) + r) as u32
+    }
+}
+
+impl Variant for RelBias {
+    const SCORE_MOD: bool = true;
+    const MASK_MOD: bool = false;
+    // d score / dx = 1: a bias.
+    const SCORE_GRAD: bool = false;
+
+    #[inline(always)]
+    fn score<D: VariantData + ?Sized>(data: &D, at: Coords, x: f32) -> f32 {
+        x + data.f32_at(at.head * Self::BUCKETS + Self::bucket(at))
+    }
+}
+
+/// A prefix-LM mask.
+#[derive(Clone, Copy)]
+pub struct PrefixLm;
+
+impl Variant for PrefixLm {
+    const SCORE_MOD: bool = false;
+    const MASK_MOD: bool = true;
+
+    #[inline(always)]
+    fn visible<D: VariantData + ?Sized>(data: &D, at: Coords) -> bool {
+        at.kv < data.u32_at(at.batch) || at.kv as i64 <= at.q as i64 + at.seqlen_k as i64 - at.seqlen_q as i64
+    }
+}
+
+// The library's forward and backward kernels for both, as `rel_bias__*` and
+// `prefix_lm__*` (`common::variant::KERNELS`).
+#[cfg(target_arch = "nvptx64")]
+kernels_gpu::variant_kernels!(rel_bias: RelBias, prefix_lm: PrefixLm);

@@ -1,0 +1,263 @@
+//! The example's variants on the GPU against the CPU reference given the same `Variant`
+//! impls (`HostVariantOf`), under FlashAttention's rule (O, LSE, dQ, dK, dV within twice
+//! the naive low-precision error), at awkward sizes, GQA, causal or not, rows that see
+//! no key; the deterministic backward bit-identical; misuse refused. Also, without a GPU:
+//! the module exports every kernel of both variants, and ptxas assembles them without
+//! spills but for the ones recorded ([`KNOWN_SPILLS`]).
+//!
+//! Without a usable GPU the GPU tests are reported as ignored and the reason is printed.
+use common::variant::Variant;
+use fa3_variants_example::{PREFIX_LM, PTX, REL_BIAS, RelBias, VARIANTS, prefix_lm_data, rel_bias_data};
+use flash_attn3::check::{check, check_backward};
+use flash_attn3::reference::backward::Grads as HostGrads;
+use flash_attn3::reference::{AttnResult, HostTensor, HostVariant, HostVariantOf, Problem, rng};
+use flash_attn3::{AttnError, AttnOptions, DType, DeviceTensor, Gpu, VariantModule, flash_attn_backward, flash_attn_func};
+use libtest_mimic::{Arguments, Failed, Trial};
+use rand::Rng;
+use std::sync::Arc;
+
+#[derive(Clone, Debug)]
+struct Case {
+    variant: &'static str,
+    dtype: DType,
+    d: usize,
+    b: usize,
+    sq: usize,
+    sk: usize,
+    hq: usize,
+    hk: usize,
+    causal: bool,
+    /// Also the backward (hdim 64 and 128).
+    backward: bool,
+    deterministic: bool,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        let c = self;
+        format!(
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}{}{}{}",
+            c.variant,
+            c.dtype.name(),
+            c.d,
+            c.b,
+            c.sq,
+            c.sk,
+            c.hq,
+            c.hk,
+            if c.causal { "_causal" } else { "" },
+            if c.backward { "_bwd" } else { "" },
+            if c.deterministic { "_deterministic" } else { "" },
+        )
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for variant in VARIANTS {
+        for dtype in DType::ALL {
+            for d in [64, 128, 256] {
+                // (sq, sk): one token; shorter and longer than a tile; seqlen_q > seqlen_k
+                // (causal rows that see no key, prefix-LM rows outside the prefix too).
+                for (sq, sk) in [(1, 1), (17, 300), (300, 17), (1000, 1000), (257, 4097)] {
+                    // The prefix-LM mask is not causal; the bias runs both ways.
+                    for causal in [false, true] {
+                        if variant == PREFIX_LM && causal {
+                            continue;
+                        }
+                        let (hq, hk) = if sq == 1000 { (4, 1) } else { (4, 2) };
+                        v.push(Case { variant, dtype, d, b: 3, sq, sk, hq, hk, causal, backward: d != 256, deterministic: false });
+                    }
+                }
+            }
+        }
+        v.push(Case { variant, dtype: DType::BF16, d: 128, b: 1, sq: 700, sk: 700, hq: 2, hk: 2, causal: variant == REL_BIAS, backward: true, deterministic: true });
+    }
+    v
+}
+
+/// The variant's buffer for a case: a random bias table (distances past 128 clamp at the
+/// longer sizes), or prefixes of none, a third and more than all keys.
+fn data(c: &Case, r: &mut impl Rng) -> Vec<u32> {
+    match c.variant {
+        REL_BIAS => {
+            let table: Vec<f32> = (0..c.hq * RelBias::BUCKETS as usize).map(|_| r.random_range(-2.0f32..2.0)).collect();
+            rel_bias_data(&table)
+        }
+        _ => prefix_lm_data(&[0, c.sk as u32 / 3, c.sk as u32 + 5][..c.b.min(3)]),
+    }
+}
+
+fn host_variant(c: &Case, data: Vec<u32>) -> Box<dyn HostVariant> {
+    fn boxed<V: Variant>(data: Vec<u32>) -> Box<dyn HostVariant> {
+        Box::new(HostVariantOf::<V>::new(data))
+    }
+    match c.variant {
+        REL_BIAS => boxed::<RelBias>(data),
+        _ => boxed::<fa3_variants_example::PrefixLm>(data),
+    }
+}
+
+fn run_case(gpu: &Gpu, module: &VariantModule, c: &Case) -> Result<(), Failed> {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let mut r = rng(seed);
+    let q = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
+    let k = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
+    let v = HostTensor::randn([c.b, c.sk, c.hk, c.d], c.dtype, 1.0, &mut r);
+    let dout = HostTensor::randn([c.b, c.sq, c.hq, c.d], c.dtype, 1.0, &mut r);
+    let words = data(c, &mut r);
+    let host = host_variant(c, words.clone());
+    let scale = 1.0 / (c.d as f32).sqrt();
+    let p = Problem { variant: Some(&*host), ..Problem::plain(&q, &k, &v, c.causal, scale) };
+
+    let stream = gpu.new_stream()?;
+    let dev_words = stream.clone_htod(&words)?;
+    let opts = AttnOptions::default().causal(c.causal).deterministic(c.deterministic).variant(module.variant(c.variant)?.data_u32(&dev_words));
+    let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, c.dtype, t.shape, &t.data);
+    let (dq_, dk_, dv_, ddo) = (up(&q)?, up(&k)?, up(&v)?, up(&dout)?);
+    let fwd = flash_attn_func(gpu, &stream, &dq_.as_ref(), &dk_.as_ref(), &dv_.as_ref(), &opts)?;
+    let got = AttnResult { o: fwd.out.to_f32(&stream)?, lse: stream.clone_dtoh(&fwd.lse)? };
+    let report = check(&p, c.dtype, &got);
+    if !report.passed() {
+        return Err(format!("seed {seed}: forward: {report}").into());
+    }
+    if !c.backward {
+        return Ok(());
+    }
+    let grads = |stream: &Arc<cudarc::driver::CudaStream>| -> Result<[Vec<f32>; 3], AttnError> {
+        let g = flash_attn_backward(gpu, stream, &dq_.as_ref(), &dk_.as_ref(), &dv_.as_ref(), &fwd.out.as_ref(), &fwd.lse, &ddo.as_ref(), &opts)?;
+        Ok([g.dq.to_f32(stream)?, g.dk.to_f32(stream)?, g.dv.to_f32(stream)?])
+    };
+    let [dq, dk, dv] = grads(&stream)?;
+    let report = check_backward(&p, &dout, c.dtype, &HostGrads { dq: dq.clone(), dk: dk.clone(), dv: dv.clone() });
+    if !report.passed() {
+        return Err(format!("seed {seed}: backward: {report}").into());
+    }
+    if c.deterministic {
+        for _ in 0..3 {
+            let again = grads(&stream)?;
+            let same = again.iter().zip([&dq, &dk, &dv]).all(|(a, b)| a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits()));
+            if !same {
+                return Err(format!("seed {seed}: the deterministic backward differs across runs").into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Options a variant cannot take, a name the module lacks, the variant without its module.
+fn misuse_is_refused(gpu: &Gpu, module: &VariantModule) -> Result<(), Failed> {
+    let stream = gpu.new_stream()?;
+    let t = DeviceTensor::from_f32(&stream, DType::BF16, [1, 64, 2, 128], &vec![0.5; 64 * 2 * 128])?;
+    let call = |opts: &AttnOptions| flash_attn_func(gpu, &stream, &t.as_ref(), &t.as_ref(), &t.as_ref(), opts).map(|_| ());
+    let v = module.variant(REL_BIAS)?;
+    for (what, opts) in [
+        ("softcap", AttnOptions::default().variant(v).softcap(5.0)),
+        ("window", AttnOptions::default().variant(v).window(Some(8), Some(0))),
+    ] {
+        match call(&opts) {
+            Err(AttnError::Unsupported(m)) if m.contains("rel_bias") => {}
+            other => return Err(format!("{what} with a variant: {other:?}").into()),
+        }
+    }
+    match module.variant("nope") {
+        Err(AttnError::InvalidVariant(m)) if m.contains("nope") => {}
+        other => return Err(format!("an unknown variant: {other:?}").into()),
+    }
+    let other_gpu = Gpu::new(0)?;
+    match flash_attn_func(&other_gpu, &other_gpu.new_stream()?, &t.as_ref(), &t.as_ref(), &t.as_ref(), &AttnOptions::default().variant(v)) {
+        Err(AttnError::InvalidVariant(m)) if m.contains("another Gpu") => Ok(()),
+        // The tensors belong to the first handle's context: refusing them first is right too.
+        Err(_) => Ok(()),
+        Ok(_) => Err("a variant module of another Gpu handle was launched".into()),
+    }
+}
+
+/// The module exports `{variant}__{kernel}` for every kernel of both variants, and
+/// nothing else (ptx-builder checked it; this reads the embedded PTX again).
+fn module_exports_every_kernel_of_both_variants() -> Result<(), Failed> {
+    let entries: Vec<&str> = PTX.lines().filter_map(|l| l.trim_start().strip_prefix(".visible .entry ")).map(|l| l.trim_end_matches('(')).collect();
+    let want: Vec<String> = VARIANTS.iter().flat_map(|n| common::variant::KERNELS.iter().map(move |k| ptx_builder::variant_symbol(n, k))).collect();
+    if entries.len() != want.len() || want.iter().any(|w| !entries.contains(&w.as_str())) {
+        return Err(format!("entries {entries:?}, expected {want:?}").into());
+    }
+    Ok(())
+}
+
+/// Kernels of this module that spill, and the most spill-store bytes each may have: the
+/// bias table's loads and index arithmetic take registers the 256-dim forward (even
+/// without the intra-warpgroup overlap) and the 128-dim backward lack. Measured with
+/// ptxas 13.0 and 13.1: 28-32 and 4 bytes. Anything else must be clean.
+const KNOWN_SPILLS: [(&str, u32); 2] = [("rel_bias__fwd_hdim256_", 48), ("rel_bias__bwd_hdim128_", 8)];
+
+/// ptxas (CI's, and the driver JIT's when installed) assembles every kernel of the module
+/// with no spill, no stack frame and no warning, but for [`KNOWN_SPILLS`] within their
+/// budget.
+fn kernels_assemble_within_their_spill_budget() -> Result<(), Failed> {
+    let dir = std::env::temp_dir().join(format!("fa3-variants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("variants.ptx");
+    std::fs::write(&path, PTX)?;
+    let tools: Vec<_> = [ptx_builder::find_ptxas(), ptx_builder::find_jit_ptxas()].into_iter().flatten().collect();
+    if tools.is_empty() {
+        println!("no ptxas found: the spill check did not run");
+    }
+    for ptxas in tools {
+        let (kernels, loose) = ptx_builder::run_ptxas(&ptxas, &path)?;
+        let within = |k: &ptx_builder::KernelReport| {
+            KNOWN_SPILLS.iter().any(|(prefix, bytes)| k.name.starts_with(prefix) && k.spill_stores <= *bytes && k.warnings.is_empty())
+        };
+        let clean: Vec<_> = kernels.iter().filter(|k| !within(k)).cloned().collect();
+        let mut problems = ptx_builder::report_problems(&clean, &loose, clean.len());
+        if kernels.len() != VARIANTS.len() * common::variant::KERNELS.len() {
+            problems.push(format!("ptxas reported {} kernels", kernels.len()));
+        }
+        if !problems.is_empty() {
+            return Err(format!("{}: {problems:#?}", ptxas.display()).into());
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads.get_or_insert(1);
+    let mut trials = vec![
+        Trial::test("module_exports_every_kernel_of_both_variants", module_exports_every_kernel_of_both_variants),
+        Trial::test("kernels_assemble_within_their_spill_budget", kernels_assemble_within_their_spill_budget),
+    ];
+    let gpu = match Gpu::new(0) {
+        Ok(g) => Some(Arc::new(g)),
+        Err(e) => {
+            if std::env::var("FA3_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                eprintln!("FA3_REQUIRE_GPU=1 but no usable GPU: {e}");
+                std::process::exit(1);
+            }
+            println!("variant GPU tests SKIPPED (reported as ignored): no usable GPU: {e}");
+            None
+        }
+    };
+    let module = match &gpu {
+        Some(g) => match VariantModule::load(g, PTX, &VARIANTS) {
+            Ok(m) => Some(Arc::new(m)),
+            Err(e) => {
+                eprintln!("loading the variant module failed: {e}");
+                std::process::exit(1);
+            }
+        },
+        None => None,
+    };
+    let gpu_trial = |name: String, test: Box<dyn FnOnce(&Gpu, &VariantModule) -> Result<(), Failed> + Send>| {
+        let (g, m) = (gpu.clone(), module.clone());
+        Trial::test(name, move || match (&g, &m) {
+            (Some(g), Some(m)) => test(g, m),
+            _ => Ok(()),
+        })
+        .with_ignored_flag(gpu.is_none())
+    };
+    for c in cases() {
+        trials.push(gpu_trial(c.name(), Box::new(move |g, m| run_case(g, m, &c))));
+    }
+    trials.push(gpu_trial("variant_misuse_is_refused".into(), Box::new(misuse_is_refused)));
+    libtest_mimic::run(&args, trials).exit();
+}

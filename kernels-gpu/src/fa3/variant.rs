@@ -1,0 +1,149 @@
+//! User-defined variants (`common::variant::Variant`) in the kernels: the forward's
+//! score-modification hook ([`UserVariant`] as a [`ScoreMod`]) and the backward's
+//! ([`LogitHook`]), both evaluating the user's functions per score element.
+//!
+//! The kernel takes `x = S · softcap_scale` (the host sets `softcap_scale` to the
+//! softmax scale and the softmax's `scale_log2` to `log2 e`), so the user's functions
+//! see FlexAttention's scaled scores; a hidden pair's logit is `-inf` (and its
+//! derivative 0), which the softmax and the backward's `P` turn into 0.
+use super::mask::ScoreMod;
+use super::traits::FragTile;
+use crate::ptx::global;
+use common::FwdParams;
+use common::variant::{Coords, Variant, VariantArgs, VariantData};
+use core::marker::PhantomData;
+
+/// The variant's buffer in device memory; a read past its end yields 0.
+#[derive(Clone, Copy)]
+pub struct DeviceData {
+    addr: u64,
+    words: u32,
+}
+
+impl VariantData for DeviceData {
+    #[inline(always)]
+    fn u32_at(&self, index: u32) -> u32 {
+        if index < self.words {
+            // SAFETY: inside the buffer the host checked (4-byte aligned, `words` long,
+            // not written during the launch).
+            unsafe { global::ld_nc_invariant_u32(self.addr + 4 * index as u64) }
+        } else {
+            0
+        }
+    }
+}
+
+/// The call's values a variant's functions see besides the coordinates of a score,
+/// read from the parameter block where they are used (not held in registers).
+#[derive(Clone, Copy)]
+pub struct VariantCall<'a> {
+    pub args: &'a VariantArgs,
+    pub seqlen_q: &'a u32,
+    pub seqlen_k: &'a u32,
+}
+
+/// The backward's per-element hook: the logit of a pair and its derivative.
+pub trait LogitHook: Copy {
+    /// Whether the kernel has a user variant (else nothing here is called).
+    const ACTIVE: bool;
+    /// Whether the logit's derivative may differ from 1 (else `dS` skips the product).
+    const GRAD: bool;
+    /// The hook of query head `head` of batch `batch`.
+    fn new(batch: u32, head: u32) -> Self;
+    /// `(logit, d logit / dx)` of query `q` and key `kv` from `x = scale · q·k`;
+    /// `(-inf, 0)` for a hidden pair.
+    fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> (f32, f32);
+}
+
+/// No user variant: the built-in kernels.
+#[derive(Clone, Copy)]
+pub struct NoVariant;
+
+impl LogitHook for NoVariant {
+    const ACTIVE: bool = false;
+    const GRAD: bool = false;
+    #[inline(always)]
+    fn new(_: u32, _: u32) -> Self {
+        NoVariant
+    }
+    #[inline(always)]
+    fn logit(&self, _: VariantCall<'_>, _: u32, _: u32, x: f32) -> (f32, f32) {
+        (x, 1.0)
+    }
+}
+
+/// User variant `V` for one (batch, query head).
+#[derive(Clone, Copy)]
+pub struct UserVariant<V> {
+    batch: u32,
+    head: u32,
+    variant: PhantomData<V>,
+}
+
+impl<V: Variant> LogitHook for UserVariant<V> {
+    const ACTIVE: bool = true;
+    const GRAD: bool = V::SCORE_MOD && V::SCORE_GRAD;
+
+    #[inline(always)]
+    fn new(batch: u32, head: u32) -> Self {
+        UserVariant { batch, head, variant: PhantomData }
+    }
+
+    #[inline(always)]
+    fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> (f32, f32) {
+        let (data, at) = self.at(call, q, kv);
+        if V::MASK_MOD && !V::visible(&data, at) {
+            return (f32::NEG_INFINITY, 0.0);
+        }
+        if V::SCORE_MOD {
+            (V::score(&data, at, x), if V::SCORE_GRAD { V::score_grad(&data, at, x) } else { 1.0 })
+        } else {
+            (x, 1.0)
+        }
+    }
+}
+
+impl<V: Variant> UserVariant<V> {
+    #[inline(always)]
+    fn at(&self, call: VariantCall<'_>, q: u32, kv: u32) -> (DeviceData, Coords) {
+        let data = DeviceData { addr: call.args.data, words: call.args.words };
+        (data, Coords { batch: self.batch, head: self.head, q, kv, seqlen_q: *call.seqlen_q, seqlen_k: *call.seqlen_k })
+    }
+
+    /// The logit alone (the forward's), without the derivative.
+    #[inline(always)]
+    fn forward_logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> f32 {
+        let (data, at) = self.at(call, q, kv);
+        if V::MASK_MOD && !V::visible(&data, at) {
+            return f32::NEG_INFINITY;
+        }
+        if V::SCORE_MOD { V::score(&data, at, x) } else { x }
+    }
+}
+
+impl<V: Variant> ScoreMod for UserVariant<V> {
+    #[inline(always)]
+    fn new(_: &FwdParams, batch: u32, head: u32) -> Self {
+        <Self as LogitHook>::new(batch, head)
+    }
+
+    /// Never called: the mainloop calls [`ScoreMod::apply_with`].
+    #[inline(always)]
+    fn apply<S: FragTile>(&self, _: &mut S, _: i32, _: i32) {}
+
+    /// Coordinates as in [`super::mask::Mask::apply_with`]: rows `row_g`, `row_g + 8`;
+    /// in n-tile `j` keys `col_2t + 8j` and `+ 1`.
+    #[inline(always)]
+    fn apply_with<S: FragTile>(&self, p: &FwdParams, s: &mut S, row_g: i32, col_2t: i32) {
+        let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+        for j in 0..S::FRAGS {
+            let f = s.frag_mut(j);
+            for r in 0..2 {
+                for c in 0..2 {
+                    let (q, kv) = ((row_g + 8 * r as i32) as u32, (col_2t + 8 * j as i32 + c as i32) as u32);
+                    f[2 * r + c] = self.forward_logit(call, q, kv, f[2 * r + c] * p.softcap_scale);
+                }
+            }
+        }
+    }
+}
