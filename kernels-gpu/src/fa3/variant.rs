@@ -127,14 +127,10 @@ impl<V: Variant> ScoreMod for UserVariant<V> {
         <Self as LogitHook>::new(batch, head)
     }
 
-    /// Never called: the mainloop calls [`ScoreMod::apply_with`].
-    #[inline(always)]
-    fn apply<S: FragTile>(&self, _: &mut S, _: i32, _: i32) {}
-
     /// Coordinates as in [`super::mask::Mask::apply_with`]: rows `row_g`, `row_g + 8`;
     /// in n-tile `j` keys `col_2t + 8j` and `+ 1`.
     #[inline(always)]
-    fn apply_with<S: FragTile>(&self, p: &FwdParams, s: &mut S, row_g: i32, col_2t: i32) {
+    fn apply<S: FragTile>(&self, p: &FwdParams, s: &mut S, row_g: i32, col_2t: i32) {
         let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
         for j in 0..S::FRAGS {
             let f = s.frag_mut(j);
