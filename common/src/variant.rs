@@ -15,7 +15,10 @@
 //!
 //! - [`Variant::score`] maps a logit `x = softmax_scale · q·k` to the logit the softmax
 //!   takes; [`Variant::score_grad`] is its derivative `d score / d x`, which the backward
-//!   multiplies into `dS` (it must be finite wherever the pair is visible).
+//!   multiplies into `dS`. For every coordinate they are called with (padding included)
+//!   `score` must return a finite value or `-inf` (which hides the pair), and
+//!   `score_grad` a finite value where `score` is finite. The derivative is the user's:
+//!   `reference::score_grad_error` (host crate) checks it against finite differences.
 //! - [`Variant::visible`] says whether query row `q` sees key `kv`; a hidden pair gets
 //!   probability 0, a row that sees no key O = 0 and LSE = +inf, as with the built-in
 //!   masks. It combines with the call's `causal` flag (both must allow a pair).
@@ -109,12 +112,12 @@ macro_rules! variant_fwd_kernel_table {
     ($callback:ident $(, $($extra:tt)*)?) => {
         $callback! {
             $($($extra)*)?
-            fwd_hdim64_f16 => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, User, Causal;
-            fwd_hdim128_f16 => F16, hdim 128, wgs 2, keys 64, cluster 1, FULL, User, Causal;
-            fwd_hdim256_f16 => F16, hdim 256, wgs 2, keys 64, cluster 1, NO_OVERLAP, User, Causal;
-            fwd_hdim64_bf16 => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, User, Causal;
-            fwd_hdim128_bf16 => BF16, hdim 128, wgs 2, keys 64, cluster 1, FULL, User, Causal;
-            fwd_hdim256_bf16 => BF16, hdim 256, wgs 2, keys 64, cluster 1, NO_OVERLAP, User, Causal;
+            variant_fwd_hdim64_f16 => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, User, Causal;
+            variant_fwd_hdim128_f16 => F16, hdim 128, wgs 2, keys 64, cluster 1, FULL, User, Causal;
+            variant_fwd_hdim256_f16 => F16, hdim 256, wgs 2, keys 64, cluster 1, NO_OVERLAP, User, Causal;
+            variant_fwd_hdim64_bf16 => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, User, Causal;
+            variant_fwd_hdim128_bf16 => BF16, hdim 128, wgs 2, keys 64, cluster 1, FULL, User, Causal;
+            variant_fwd_hdim256_bf16 => BF16, hdim 256, wgs 2, keys 64, cluster 1, NO_OVERLAP, User, Causal;
         }
     };
 }
@@ -126,14 +129,14 @@ macro_rules! variant_bwd_kernel_table {
     ($callback:ident $(, $($extra:tt)*)?) => {
         $callback! {
             $($($extra)*)?
-            bwd_hdim64_f16 => F16, hdim 64, Main, User, Causal;
-            bwd_hdim128_f16 => F16, hdim 128, Main, User, Causal;
-            bwd_hdim64_bf16 => BF16, hdim 64, Main, User, Causal;
-            bwd_hdim128_bf16 => BF16, hdim 128, Main, User, Causal;
-            bwd_hdim64_f16_deterministic => F16, hdim 64, MainDeterministic, User, Causal;
-            bwd_hdim128_f16_deterministic => F16, hdim 128, MainDeterministic, User, Causal;
-            bwd_hdim64_bf16_deterministic => BF16, hdim 64, MainDeterministic, User, Causal;
-            bwd_hdim128_bf16_deterministic => BF16, hdim 128, MainDeterministic, User, Causal;
+            variant_bwd_hdim64_f16 => F16, hdim 64, Main, User, Causal;
+            variant_bwd_hdim128_f16 => F16, hdim 128, Main, User, Causal;
+            variant_bwd_hdim64_bf16 => BF16, hdim 64, Main, User, Causal;
+            variant_bwd_hdim128_bf16 => BF16, hdim 128, Main, User, Causal;
+            variant_bwd_hdim64_f16_deterministic => F16, hdim 64, MainDeterministic, User, Causal;
+            variant_bwd_hdim128_f16_deterministic => F16, hdim 128, MainDeterministic, User, Causal;
+            variant_bwd_hdim64_bf16_deterministic => BF16, hdim 64, MainDeterministic, User, Causal;
+            variant_bwd_hdim128_bf16_deterministic => BF16, hdim 128, MainDeterministic, User, Causal;
         }
     };
 }
@@ -204,6 +207,13 @@ mod tests {
         assert!(!Probe::visible(&data[..], at));
         assert!(Probe::visible(&data[..], Coords { kv: 4, ..at }));
         assert!(Probe::visible(&data[..], Coords { head: 0, ..at }));
+    }
+
+    #[test]
+    fn variant_kernel_names_are_not_the_built_in_kernels_names() {
+        for k in KERNELS.iter() {
+            assert!(crate::KERNELS.iter().all(|b| b.name != k.name), "{} is a built-in kernel's name too", k.name);
+        }
     }
 
     #[test]

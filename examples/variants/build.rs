@@ -10,13 +10,10 @@ fn main() {
     }
     // The library's kernel sources too: the module compiles them.
     let root = ptx_builder::repo_root();
-    for dir in ["kernels-gpu/src", "common/src"] {
-        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    for path in ["kernels-gpu/src", "kernels-gpu/Cargo.toml", "common/src"] {
+        println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
-    if let Err(e) = ptx_builder::build_variant_module("kernels".as_ref(), &crate::VARIANTS, "variants.ptx") {
+    if let Err(e) = ptx_builder::build_variant_module("kernels".as_ref(), &variants::VARIANTS, "variants.ptx") {
         panic!("building the variant kernels failed: {e}");
     }
 }
-
-/// The variants `kernels/src/lib.rs` passes to `variant_kernels!`.
-const VARIANTS: [&str; 2] = ["rel_bias", "prefix_lm"];

@@ -118,6 +118,9 @@ pub fn flash_attn_func_into(
 /// with the tensors, the LSE (`(address, f32 elements)`), the ALiBi slopes, the sink
 /// logits, the document bounds and a variant's buffer given as addresses, and `stream`
 /// any stream of `gpu`'s context (e.g. one from `CudaContext::wrap_borrowed_stream`).
+/// A user-defined variant is `opts.variant` (from its module, without data) with its
+/// buffer as `variant`; a buffer without the variant, or a variant holding a buffer but
+/// none passed here, is [`AttnError::InvalidVariant`].
 ///
 /// # Safety
 /// Every address and extent must describe live device memory of `gpu`'s context that

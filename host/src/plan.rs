@@ -5,6 +5,7 @@ use crate::tensor::Layout;
 use crate::tma::TensorMapSpec;
 use crate::documents::{DocsDesc, DocumentMask};
 use crate::variant::{UserVariant, VariantDesc};
+use common::variant::VariantArgs;
 use cudarc::driver::CudaSlice;
 use common::fa3::{self, Techniques};
 use common::bwd;
@@ -263,6 +264,10 @@ impl<'a> AttnOptions<'a> {
     /// sequences of `seqlen_q` queries and `seqlen_k` keys (which a window or documents
     /// limit) with `documents` (checked against the call) and the checked `score_mod`.
     pub(crate) fn mask(&self, batch: usize, seqlen_q: usize, seqlen_k: usize, documents: Option<DocsDesc>, score_mod: ScoreModKind) -> Result<MaskPlan> {
+        if score_mod == ScoreModKind::User && documents.is_some() {
+            // The raw API passes documents apart from the options.
+            return Err(AttnError::Unsupported("a user-defined variant does not take documents: fold them into its mask".into()));
+        }
         if documents.is_none() && !self.window.is_some_and(|w| w.is_bounded()) {
             return Ok(MaskPlan { kind: MaskKind::Causal, window: KeyWindow::default(), docs: DocumentBounds::default() });
         }
@@ -451,6 +456,20 @@ impl ScoreModParams {
             m.alibi_inv_scale = cap.map_or(inv_scale, |c| 1.0 / c);
         }
         Ok(m)
+    }
+}
+
+/// The kernels' view of a call's variant buffer, `desc` (what the raw API passes, or what
+/// the safe API took from `opts.variant`), after checking that it goes with the options.
+pub(crate) fn variant_args(opts: &AttnOptions, desc: Option<VariantDesc>) -> Result<VariantArgs> {
+    match (opts.variant, desc) {
+        (None, None) => Ok(VariantArgs::default()),
+        (None, Some(_)) => Err(AttnError::InvalidVariant("a variant buffer without AttnOptions::variant".into())),
+        (Some(v), None) if v.has_data() => Err(AttnError::InvalidVariant(format!(
+            "variant {:?} has a buffer, but the call passes none (the raw API takes it as its `variant` argument)",
+            v.name()
+        ))),
+        (Some(_), d) => d.unwrap_or_default().check(),
     }
 }
 
@@ -685,7 +704,7 @@ pub fn plan_forward(
     // The LSE is `softmax_scale · max + ln(sum)`: with soft-capping the max is a tanh,
     // with a user variant the logit.
     params.softmax_scale = m.lse_scale;
-    params.variant = variant.unwrap_or_default().check()?;
+    params.variant = variant_args(opts, variant)?;
     let (grid, tile_counter) = match algo {
         Algo::Fa2 => ((seqlen_q.div_ceil(fa2::BLOCK_M as usize) as u32, heads_q as u32, batch as u32), None),
         Algo::Fa3(_) => {

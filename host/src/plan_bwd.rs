@@ -1,7 +1,7 @@
 //! Validation and launch planning of the backward pass: pure functions of shapes,
 //! strides, dtypes and addresses, so every misuse is caught (and tested) without a GPU.
 use crate::error::{Arg, AttnError, Result};
-use crate::plan::{DeviceVec, AlibiDesc, AttnOptions, TensorDesc, ScoreModParams, check_lse_scale_and_sizes, check_tensor, strides};
+use crate::plan::{DeviceVec, AlibiDesc, AttnOptions, TensorDesc, ScoreModParams, check_lse_scale_and_sizes, check_tensor, strides, variant_args};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
 use common::{KernelEntry, MaskKind, ScoreModKind};
@@ -274,7 +274,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let m = ScoreModParams::new(score_mod, opts.softcap, t.alibi, batch, heads_q, scale)?;
     (params.softcap_scale, params.scale_log2) = (m.softcap_scale, m.scale_log2);
     (params.alibi_slopes, params.alibi_batch_stride, params.alibi_inv_scale) = (m.alibi_slopes, m.alibi_batch_stride, m.alibi_inv_scale);
-    params.variant = t.variant.unwrap_or_default().check()?;
+    params.variant = variant_args(opts, t.variant)?;
     let (b, hq, hk) = (batch as u32, heads_q as u32, heads_k as u32);
     let aux = |kernel, rows: u32| Launch { kernel, grid: (rows.div_ceil(bwd::PREPROCESS_ROWS), hq, b), block: bwd::AUX_THREADS, smem_bytes: 0 };
     let launches = [

@@ -118,6 +118,32 @@ impl<V> std::fmt::Debug for HostVariantOf<V> {
     }
 }
 
+/// How far variant `V`'s derivative (`score_grad`, or 1 without `SCORE_GRAD`) is from
+/// central differences of its `score`, at each pair of `at` and scaled score of `xs`
+/// that the variant shows: the largest `|grad − fd| / max(1, |grad|)`. The GPU tests
+/// compare the kernels with the variant's own functions, so a wrong derivative passes
+/// them; this catches it (a wrong derivative is off by O(1); differencing in f32 with
+/// steps of 1/64 leaves ~1e-3 for smooth functions of logits up to ~30).
+pub fn score_grad_error<V: Variant>(data: &[u32], at: &[Coords], xs: &[f32]) -> f64 {
+    let mut worst = 0.0f64;
+    for &c in at.iter().filter(|&&c| !V::MASK_MOD || V::visible(data, c)) {
+        for &x in xs {
+            let grad = if !V::SCORE_MOD {
+                1.0
+            } else if V::SCORE_GRAD {
+                V::score_grad(data, c, x) as f64
+            } else {
+                1.0
+            };
+            let score = |x: f32| if V::SCORE_MOD { V::score(data, c, x) as f64 } else { x as f64 };
+            let h = 1.0 / 64.0 * x.abs().max(1.0);
+            let fd = (score(x + h) - score(x - h)) / (2.0 * h as f64);
+            worst = worst.max((grad - fd).abs() / grad.abs().max(1.0));
+        }
+    }
+    worst
+}
+
 impl<V: Variant> HostVariant for HostVariantOf<V> {
     fn logit(&self, at: Coords, x: f64) -> Option<(f64, f64)> {
         let data = &self.data[..];

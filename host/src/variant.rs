@@ -35,10 +35,15 @@ pub struct VariantModule {
 
 impl VariantModule {
     /// Loads `ptx` (a variant crate's module) into `gpu`'s context and looks up the
-    /// kernels of the variants `names`; a missing kernel (a name the crate did not pass
-    /// to `variant_kernels!`, or a module of another library version) is
-    /// [`AttnError::KernelLoad`].
+    /// kernels of the variants `names`. A missing kernel (a name the crate did not pass
+    /// to `variant_kernels!`) or a kernel whose parameter block is not this library's
+    /// (a module built against another version) is [`AttnError::KernelLoad`].
     pub fn load(gpu: &Gpu, ptx: &str, names: &[&str]) -> Result<Self> {
+        for name in names {
+            for k in common::variant::KERNELS.iter() {
+                check_params(ptx, &format!("{name}{SEPARATOR}{}", k.name), k.params_bytes())?;
+            }
+        }
         let ctx = gpu.context().clone();
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| AttnError::KernelLoad(format!("variant module: {e}")))?;
         let mut functions = Vec::new();
@@ -64,6 +69,20 @@ impl VariantModule {
     /// The variants' names, as loaded.
     pub fn names(&self) -> &[String] {
         &self.names
+    }
+}
+
+/// Checks that entry `symbol` of `ptx` takes a parameter block of `bytes` bytes after its
+/// tensor maps (its `_param_1`): the layout this library launches with.
+fn check_params(ptx: &str, symbol: &str, bytes: usize) -> Result<()> {
+    let decl = format!(" {symbol}_param_1[");
+    let found = ptx.find(&decl).and_then(|i| ptx[i + decl.len()..].split(']').next()).and_then(|n| n.parse::<usize>().ok());
+    match found {
+        Some(n) if n == bytes => Ok(()),
+        Some(n) => Err(AttnError::KernelLoad(format!(
+            "{symbol} takes a {n}-byte parameter block, this library passes {bytes}: rebuild the variant module with this version"
+        ))),
+        None => Err(AttnError::KernelLoad(format!("{symbol}: not in the module (is it among the names given to variant_kernels!?)"))),
     }
 }
 
@@ -104,6 +123,11 @@ impl<'a> UserVariant<'a> {
     pub fn data_u32(mut self, data: &'a CudaSlice<u32>) -> Self {
         self.data = Some(VariantBuffer::U32(data));
         self
+    }
+
+    /// Whether a buffer was given.
+    pub fn has_data(&self) -> bool {
+        self.data.is_some()
     }
 
     /// The variant's name in its module.
@@ -173,6 +197,14 @@ impl VariantDesc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_module_with_another_parameter_block_is_refused() {
+        let ptx = ".visible .entry v__k(\n\t.param .align 128 .b8 v__k_param_0[512],\n\t.param .align 8 .b8 v__k_param_1[416]\n)";
+        assert!(check_params(ptx, "v__k", 416).is_ok());
+        assert!(matches!(check_params(ptx, "v__k", 432), Err(AttnError::KernelLoad(m)) if m.contains("416-byte")));
+        assert!(matches!(check_params(ptx, "w__k", 416), Err(AttnError::KernelLoad(m)) if m.contains("not in the module")));
+    }
 
     #[test]
     fn variant_data_is_checked() {

@@ -265,7 +265,7 @@ pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
         .arg("-o")
         .arg(&raw_ptx))?;
 
-    let ptx = finish_ptx_for(&std::fs::read_to_string(&raw_ptx)?, &exports)?;
+    let ptx = finish_ptx(&std::fs::read_to_string(&raw_ptx)?, &exports)?;
     if let Some(dir) = cfg.out_ptx.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -293,14 +293,9 @@ fn rlib_artifacts(json_lines: &str) -> Result<Vec<PathBuf>, Error> {
     Ok(rlibs)
 }
 
-/// Checks the exported kernels against `common::KERNELS` and aligns TMA descriptor
-/// parameters to [`TMA_PARAM_ALIGN`] bytes.
-pub fn finish_ptx(raw: &str) -> Result<String, Error> {
-    finish_ptx_for(raw, &Exports::Builtin.kernels())
-}
-
-/// [`finish_ptx`] for a module exporting `exports` (symbol, kernel) exactly.
-pub fn finish_ptx_for(raw: &str, exports: &[(String, KernelEntry)]) -> Result<String, Error> {
+/// Checks that the module exports exactly `exports` (symbol, kernel) and aligns TMA
+/// descriptor parameters to [`TMA_PARAM_ALIGN`] bytes.
+pub fn finish_ptx(raw: &str, exports: &[(String, KernelEntry)]) -> Result<String, Error> {
     let entries: Vec<&str> = raw
         .lines()
         .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
@@ -313,7 +308,9 @@ pub fn finish_ptx_for(raw: &str, exports: &[(String, KernelEntry)]) -> Result<St
     }
     for e in &entries {
         if !exports.iter().any(|(name, _)| name == e) {
-            return Err(Error::Ptx(format!("kernel {e} is defined but not listed")));
+            // A variant crate with the library's own entry points.
+            let hint = if common::KERNELS.iter().any(|k| k.name == *e) { " (depend on kernels-gpu with default-features = false)" } else { "" };
+            return Err(Error::Ptx(format!("kernel {e} is defined but not listed{hint}")));
         }
     }
     let mut ptx = raw.to_string();
@@ -536,7 +533,7 @@ ptxas warning : something global\n";
 
     #[test]
     fn finish_ptx_aligns_tma_params_and_adds_launch_bounds() {
-        let ptx = finish_ptx(&skeleton()).unwrap();
+        let ptx = finish_ptx(&skeleton(), &Exports::Builtin.kernels()).unwrap();
         for k in common::KERNELS.iter().filter(|k| k.tma_param_bytes > 0) {
             assert!(ptx.contains(&format!(".param .align 128 .b8 {}_param_0[{}]", k.name, k.tma_param_bytes)));
             let entry = &ptx[ptx.find(&format!(".entry {}(", k.name)).unwrap()..];
@@ -555,24 +552,24 @@ ptxas warning : something global\n";
             assert!(name.starts_with("a__") || name.starts_with("b_c__"), "{name}");
             raw += &format!(".visible .entry {name}(\n\t.param .align 16 .b8 {name}_param_0[{}],\n\t.param .align 8 .b8 p[8]\n)\n{{\n\tret;\n}}\n", k.tma_param_bytes);
         }
-        let ptx = finish_ptx_for(&raw, &exports).unwrap();
+        let ptx = finish_ptx(&raw, &exports).unwrap();
         for (name, k) in &exports {
             assert!(ptx.contains(&format!(".param .align 128 .b8 {name}_param_0[{}]", k.tma_param_bytes)), "{name}");
         }
         // The library's own kernels are not a variant module's, and a missing one fails.
-        assert!(finish_ptx_for(&skeleton(), &exports).is_err());
+        assert!(matches!(finish_ptx(&skeleton(), &exports), Err(Error::Ptx(m)) if m.contains("default-features = false")));
         let (first, _) = &exports[0];
-        assert!(finish_ptx_for(&raw.replace(&format!(".entry {first}("), ".entry other("), &exports).is_err());
+        assert!(finish_ptx(&raw.replace(&format!(".entry {first}("), ".entry other("), &exports).is_err());
     }
 
     #[test]
     fn finish_ptx_rejects_unlisted_kernels() {
         let raw = skeleton();
-        assert!(finish_ptx(&raw).is_ok());
+        assert!(finish_ptx(&raw, &Exports::Builtin.kernels()).is_ok());
         let extra = raw.clone() + ".visible .entry stray_kernel(\n)\n";
-        assert!(matches!(finish_ptx(&extra), Err(Error::Ptx(m)) if m.contains("stray_kernel")));
+        assert!(matches!(finish_ptx(&extra, &Exports::Builtin.kernels()), Err(Error::Ptx(m)) if m.contains("stray_kernel")));
         let first = common::KERNELS[0].name;
         let missing = raw.replace(&format!(".entry {first}("), ".entry renamed(");
-        assert!(finish_ptx(&missing).is_err());
+        assert!(finish_ptx(&missing, &Exports::Builtin.kernels()).is_err());
     }
 }

@@ -152,3 +152,28 @@ fn rows_a_variant_hides_entirely_see_nothing() {
     let g = attention_backward_f64(&p, &dout);
     assert!(g.dq[..8].iter().all(|&x| x == 0.0));
 }
+
+/// The finite-difference check of a variant's derivative: exact for soft-capping, a bias
+/// and a mask; a derivative left at 1 for soft-capping is caught.
+#[test]
+fn score_grad_error_catches_a_wrong_derivative() {
+    use flash_attn3::reference::score_grad_error;
+    let at: Vec<Coords> = (0..6u32).map(|i| Coords { batch: 0, head: i % 2, q: i, kv: 5 - i, seqlen_q: 6, seqlen_k: 6 }).collect();
+    let xs = [-20.0f32, -3.0, -0.5, 0.0, 0.7, 4.0, 25.0];
+    let cap = [8.0f32.to_bits()];
+    assert!(score_grad_error::<Capped>(&cap, &at, &xs) < 1e-2);
+    let biases: Vec<u32> = (0..4).map(|i| (i as f32 * 0.5).to_bits()).collect();
+    assert!(score_grad_error::<Striped>(&biases, &at, &xs) < 1e-3);
+    assert!(score_grad_error::<Windowed>(&[1, 1], &at, &xs) < 1e-3);
+    /// Soft-capping with the default derivative (1): wrong.
+    #[derive(Clone, Copy)]
+    struct CappedNoGrad;
+    impl Variant for CappedNoGrad {
+        const SCORE_MOD: bool = true;
+        const MASK_MOD: bool = false;
+        fn score<D: VariantData + ?Sized>(data: &D, at: Coords, x: f32) -> f32 {
+            Capped::score(data, at, x)
+        }
+    }
+    assert!(score_grad_error::<CappedNoGrad>(&cap, &at, &xs) > 0.5);
+}

@@ -10,17 +10,15 @@
 //! 4. the CPU reference evaluates the same impls ([`flash_attn3::reference::HostVariantOf`]),
 //!    so the GPU tests (`tests/device.rs`) compare the kernels with the variants'
 //!    own definition.
-pub use variants::{PrefixLm, RelBias};
+pub use variants::{PrefixLm, RelBias, VARIANTS};
 
 /// The module: the library's kernels for both variants.
 pub static PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/variants.ptx"));
 
-/// The variants' names in [`PTX`] (as `kernels/` passes them to `variant_kernels!`).
-pub const VARIANTS: [&str; 2] = [REL_BIAS, PREFIX_LM];
-/// [`RelBias`]'s name.
-pub const REL_BIAS: &str = "rel_bias";
+/// [`RelBias`]'s name in [`PTX`] (of [`VARIANTS`]).
+pub const REL_BIAS: &str = VARIANTS[0];
 /// [`PrefixLm`]'s name.
-pub const PREFIX_LM: &str = "prefix_lm";
+pub const PREFIX_LM: &str = VARIANTS[1];
 
 /// [`RelBias`]'s buffer: the table `[heads][RelBias::BUCKETS]`, as words.
 pub fn rel_bias_data(table: &[f32]) -> Vec<u32> {

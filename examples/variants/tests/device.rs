@@ -1,16 +1,17 @@
 //! The example's variants on the GPU against the CPU reference given the same `Variant`
 //! impls (`HostVariantOf`), under FlashAttention's rule (O, LSE, dQ, dK, dV within twice
 //! the naive low-precision error), at awkward sizes, GQA, causal or not, rows that see
-//! no key; the deterministic backward bit-identical; misuse refused. Also, without a GPU:
-//! the module exports every kernel of both variants, and ptxas assembles them without
-//! spills but for the ones recorded ([`KNOWN_SPILLS`]).
+//! no key, with attention sinks; the deterministic backward bit-identical; misuse
+//! refused. Also, without a GPU: the module exports every kernel of both variants, ptxas
+//! assembles them without spills but for the ones recorded ([`KNOWN_SPILLS`]), and each
+//! variant's derivative matches finite differences of its score.
 //!
 //! Without a usable GPU the GPU tests are reported as ignored and the reason is printed.
-use common::variant::Variant;
-use fa3_variants_example::{PREFIX_LM, PTX, REL_BIAS, RelBias, VARIANTS, prefix_lm_data, rel_bias_data};
+use common::variant::{Coords, Variant};
+use fa3_variants_example::{PREFIX_LM, PTX, PrefixLm, REL_BIAS, RelBias, VARIANTS, prefix_lm_data, rel_bias_data};
 use flash_attn3::check::{check, check_backward};
 use flash_attn3::reference::backward::Grads as HostGrads;
-use flash_attn3::reference::{AttnResult, HostTensor, HostVariant, HostVariantOf, Problem, rng};
+use flash_attn3::reference::{AttnResult, HostTensor, HostVariant, HostVariantOf, Problem, rng, score_grad_error};
 use flash_attn3::{AttnError, AttnOptions, DType, DeviceTensor, Gpu, VariantModule, flash_attn_backward, flash_attn_func};
 use libtest_mimic::{Arguments, Failed, Trial};
 use rand::Rng;
@@ -30,13 +31,15 @@ struct Case {
     /// Also the backward (hdim 64 and 128).
     backward: bool,
     deterministic: bool,
+    /// Attention sinks (one logit per head) with the variant.
+    sinks: bool,
 }
 
 impl Case {
     fn name(&self) -> String {
         let c = self;
         format!(
-            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}{}{}{}",
+            "{}_{}_d{}_b{}_sq{}_sk{}_h{}-{}{}{}{}{}",
             c.variant,
             c.dtype.name(),
             c.d,
@@ -48,6 +51,7 @@ impl Case {
             if c.causal { "_causal" } else { "" },
             if c.backward { "_bwd" } else { "" },
             if c.deterministic { "_deterministic" } else { "" },
+            if c.sinks { "_sinks" } else { "" },
         )
     }
 }
@@ -66,12 +70,14 @@ fn cases() -> Vec<Case> {
                             continue;
                         }
                         let (hq, hk) = if sq == 1000 { (4, 1) } else { (4, 2) };
-                        v.push(Case { variant, dtype, d, b: 3, sq, sk, hq, hk, causal, backward: d != 256, deterministic: false });
+                        v.push(Case { variant, dtype, d, b: 3, sq, sk, hq, hk, causal, backward: d != 256, deterministic: false, sinks: false });
                     }
                 }
             }
         }
-        v.push(Case { variant, dtype: DType::BF16, d: 128, b: 1, sq: 700, sk: 700, hq: 2, hk: 2, causal: variant == REL_BIAS, backward: true, deterministic: true });
+        let causal = variant == REL_BIAS;
+        v.push(Case { variant, dtype: DType::BF16, d: 128, b: 2, sq: 700, sk: 700, hq: 2, hk: 2, causal, backward: true, deterministic: true, sinks: false });
+        v.push(Case { variant, dtype: DType::F16, d: 64, b: 3, sq: 300, sk: 500, hq: 4, hk: 2, causal, backward: true, deterministic: false, sinks: true });
     }
     v
 }
@@ -94,7 +100,7 @@ fn host_variant(c: &Case, data: Vec<u32>) -> Box<dyn HostVariant> {
     }
     match c.variant {
         REL_BIAS => boxed::<RelBias>(data),
-        _ => boxed::<fa3_variants_example::PrefixLm>(data),
+        _ => boxed::<PrefixLm>(data),
     }
 }
 
@@ -108,11 +114,18 @@ fn run_case(gpu: &Gpu, module: &VariantModule, c: &Case) -> Result<(), Failed> {
     let words = data(c, &mut r);
     let host = host_variant(c, words.clone());
     let scale = 1.0 / (c.d as f32).sqrt();
-    let p = Problem { variant: Some(&*host), ..Problem::plain(&q, &k, &v, c.causal, scale) };
+    // Sink logits below, at and above a row's typical logits.
+    let sink_logits: Vec<f32> = (0..c.hq).map(|h| (h % 4) as f32 * 1.5 - 1.0).collect();
+    let sinks = c.sinks.then_some(&sink_logits[..]);
+    let p = Problem { variant: Some(&*host), sinks, ..Problem::plain(&q, &k, &v, c.causal, scale) };
 
     let stream = gpu.new_stream()?;
     let dev_words = stream.clone_htod(&words)?;
-    let opts = AttnOptions::default().causal(c.causal).deterministic(c.deterministic).variant(module.variant(c.variant)?.data_u32(&dev_words));
+    let dev_sinks = stream.clone_htod(&sink_logits)?;
+    let mut opts = AttnOptions::default().causal(c.causal).deterministic(c.deterministic).variant(module.variant(c.variant)?.data_u32(&dev_words));
+    if c.sinks {
+        opts = opts.sinks(&dev_sinks);
+    }
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, c.dtype, t.shape, &t.data);
     let (dq_, dk_, dv_, ddo) = (up(&q)?, up(&k)?, up(&v)?, up(&dout)?);
     let fwd = flash_attn_func(gpu, &stream, &dq_.as_ref(), &dk_.as_ref(), &dv_.as_ref(), &opts)?;
@@ -145,15 +158,20 @@ fn run_case(gpu: &Gpu, module: &VariantModule, c: &Case) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Options a variant cannot take, a name the module lacks, the variant without its module.
+/// Options a variant cannot take, a name the module lacks, the variant with another `Gpu`
+/// handle than its module's.
 fn misuse_is_refused(gpu: &Gpu, module: &VariantModule) -> Result<(), Failed> {
     let stream = gpu.new_stream()?;
     let t = DeviceTensor::from_f32(&stream, DType::BF16, [1, 64, 2, 128], &vec![0.5; 64 * 2 * 128])?;
     let call = |opts: &AttnOptions| flash_attn_func(gpu, &stream, &t.as_ref(), &t.as_ref(), &t.as_ref(), opts).map(|_| ());
     let v = module.variant(REL_BIAS)?;
+    let slopes = stream.clone_htod(&[0.5f32, 0.25])?;
+    let docs = flash_attn3::DocumentMask::from_lengths(&stream, &[32, 32])?;
     for (what, opts) in [
         ("softcap", AttnOptions::default().variant(v).softcap(5.0)),
         ("window", AttnOptions::default().variant(v).window(Some(8), Some(0))),
+        ("alibi", AttnOptions::default().variant(v).alibi(&slopes, false)),
+        ("documents", AttnOptions::default().variant(v).documents(&docs)),
     ] {
         match call(&opts) {
             Err(AttnError::Unsupported(m)) if m.contains("rel_bias") => {}
@@ -164,13 +182,31 @@ fn misuse_is_refused(gpu: &Gpu, module: &VariantModule) -> Result<(), Failed> {
         Err(AttnError::InvalidVariant(m)) if m.contains("nope") => {}
         other => return Err(format!("an unknown variant: {other:?}").into()),
     }
+    // Another handle, with tensors and stream of its own: the module is not its.
     let other_gpu = Gpu::new(0)?;
-    match flash_attn_func(&other_gpu, &other_gpu.new_stream()?, &t.as_ref(), &t.as_ref(), &t.as_ref(), &AttnOptions::default().variant(v)) {
+    let other_stream = other_gpu.new_stream()?;
+    let u = DeviceTensor::from_f32(&other_stream, DType::BF16, [1, 64, 2, 128], &vec![0.5; 64 * 2 * 128])?;
+    match flash_attn_func(&other_gpu, &other_stream, &u.as_ref(), &u.as_ref(), &u.as_ref(), &AttnOptions::default().variant(v)) {
         Err(AttnError::InvalidVariant(m)) if m.contains("another Gpu") => Ok(()),
-        // The tensors belong to the first handle's context: refusing them first is right too.
-        Err(_) => Ok(()),
+        Err(e) => Err(format!("a variant module of another Gpu handle: {e}").into()),
         Ok(_) => Err("a variant module of another Gpu handle was launched".into()),
     }
+}
+
+/// Each variant's derivative against central differences of its score
+/// (`reference::score_grad_error`): the GPU tests compare with the variants' own
+/// functions, so this is what checks the derivative itself.
+fn variant_derivatives_match_finite_differences() -> Result<(), Failed> {
+    let mut r = rng(11);
+    let c = Case { variant: REL_BIAS, dtype: DType::BF16, d: 64, b: 3, sq: 300, sk: 700, hq: 4, hk: 2, causal: false, backward: false, deterministic: false, sinks: false };
+    let at: Vec<Coords> = (0..200u32).map(|i| Coords { batch: i % 3, head: i % 4, q: i * 7 % 300, kv: i * 13 % 700, seqlen_q: 300, seqlen_k: 700 }).collect();
+    let xs = [-12.0f32, -1.5, 0.0, 0.3, 2.0, 9.0];
+    let bias = score_grad_error::<RelBias>(&data(&c, &mut r), &at, &xs);
+    let prefix = score_grad_error::<PrefixLm>(&data(&Case { variant: PREFIX_LM, ..c }, &mut r), &at, &xs);
+    if bias > 1e-3 || prefix > 1e-3 {
+        return Err(format!("derivative errors: rel_bias {bias:e}, prefix_lm {prefix:e}").into());
+    }
+    Ok(())
 }
 
 /// The module exports `{variant}__{kernel}` for every kernel of both variants, and
@@ -188,7 +224,7 @@ fn module_exports_every_kernel_of_both_variants() -> Result<(), Failed> {
 /// bias table's loads and index arithmetic take registers the 256-dim forward (even
 /// without the intra-warpgroup overlap) and the 128-dim backward lack. Measured with
 /// ptxas 13.0 and 13.1: 28-32 and 4 bytes. Anything else must be clean.
-const KNOWN_SPILLS: [(&str, u32); 2] = [("rel_bias__fwd_hdim256_", 48), ("rel_bias__bwd_hdim128_", 8)];
+const KNOWN_SPILLS: [(&str, u32); 2] = [("rel_bias__variant_fwd_hdim256_", 48), ("rel_bias__variant_bwd_hdim128_", 8)];
 
 /// ptxas (CI's, and the driver JIT's when installed) assembles every kernel of the module
 /// with no spill, no stack frame and no warning, but for [`KNOWN_SPILLS`] within their
@@ -225,6 +261,7 @@ fn main() {
     let mut trials = vec![
         Trial::test("module_exports_every_kernel_of_both_variants", module_exports_every_kernel_of_both_variants),
         Trial::test("kernels_assemble_within_their_spill_budget", kernels_assemble_within_their_spill_budget),
+        Trial::test("variant_derivatives_match_finite_differences", variant_derivatives_match_finite_differences),
     ];
     let gpu = match Gpu::new(0) {
         Ok(g) => Some(Arc::new(g)),

@@ -119,8 +119,9 @@ pub struct Consumer<'a, K: BwdTraits> {
 impl<K: BwdTraits> Consumer<'_, K> {
     /// `dPᵀ` is issued after `Pᵀ` is made, so that its accumulator is not held while the
     /// tanh and its derivative are: with it in flight, hdim 128 spilled. Costs the overlap
-    /// of the exponentials with `dPᵀ` (ALiBi fits without). User variants likewise.
-    const LATE_DP: bool = K::SOFTCAP || K::Variant::ACTIVE;
+    /// of the exponentials with `dPᵀ` (ALiBi fits without). User variants with a score
+    /// function likewise (a table lookup spilled 20 bytes at hdim 128 with `dPᵀ` early).
+    const LATE_DP: bool = K::SOFTCAP || K::Variant::SCORE;
 
     /// Each pair's `P` is packed as it is made and `P` times the logit's derivative kept
     /// for `dS` (soft-capping, and user variants whose derivative is not 1).
@@ -286,7 +287,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
                         let prob = if hidden { 0.0 } else { math::exp2(math::fma(logit, self.p.scale_log2, -lse2[c])) };
                         pair[c] = prob;
                         sf[i] = if K::Variant::GRAD {
-                            prob * user_grad
+                            // Not 0 · derivative: a pair the mask hides, or a padding row
+                            // or key, may have any derivative.
+                            if prob == 0.0 { 0.0 } else { prob * user_grad }
                         } else if K::SOFTCAP {
                             prob * math::fma(-t, t, 1.0)
                         } else {

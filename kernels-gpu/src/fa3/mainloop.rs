@@ -228,7 +228,7 @@ impl<K: KernelTraits> Steps<'_, K> {
     #[inline(always)]
     fn softmax<const MASKED: bool>(&self, s: &mut K::Scores, sm: &mut OnlineSoftmax, i: u32, needs_mask: bool) -> Option<[f32; 2]> {
         let col_2t = ((self.top - 1 - i) * K::BLOCK_N) as i32 + self.col_2t;
-        self.score_mod.apply(self.p, s, self.row_g, col_2t);
+        self.score_mod.apply(s, self.row_g, col_2t);
         if MASKED && needs_mask {
             self.mask.apply_with(self.p, self.tile.batch, s, col_2t);
         }

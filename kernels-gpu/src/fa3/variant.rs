@@ -1,6 +1,6 @@
 //! User-defined variants (`common::variant::Variant`) in the kernels: the forward's
-//! score-modification hook ([`UserVariant`] as a [`ScoreMod`]) and the backward's
-//! ([`LogitHook`]), both evaluating the user's functions per score element.
+//! score-modification hook ([`UserScore`], a [`ScoreMod`]) and the backward's
+//! ([`UserVariant`], a [`LogitHook`]), both evaluating the user's functions per score.
 //!
 //! The kernel takes `x = S · softcap_scale` (the host sets `softcap_scale` to the
 //! softmax scale and the softmax's `scale_log2` to `log2 e`), so the user's functions
@@ -33,8 +33,8 @@ impl VariantData for DeviceData {
     }
 }
 
-/// The call's values a variant's functions see besides the coordinates of a score,
-/// read from the parameter block where they are used (not held in registers).
+/// The call's values a variant's functions see besides the coordinates of a score (the
+/// backward reads them from its parameter block where they are used).
 #[derive(Clone, Copy)]
 pub struct VariantCall<'a> {
     pub args: &'a VariantArgs,
@@ -46,6 +46,8 @@ pub struct VariantCall<'a> {
 pub trait LogitHook: Copy {
     /// Whether the kernel has a user variant (else nothing here is called).
     const ACTIVE: bool;
+    /// Whether the variant changes logits (a mask alone does not).
+    const SCORE: bool;
     /// Whether the logit's derivative may differ from 1 (else `dS` skips the product).
     const GRAD: bool;
     /// The hook of query head `head` of batch `batch`.
@@ -61,6 +63,7 @@ pub struct NoVariant;
 
 impl LogitHook for NoVariant {
     const ACTIVE: bool = false;
+    const SCORE: bool = false;
     const GRAD: bool = false;
     #[inline(always)]
     fn new(_: u32, _: u32) -> Self {
@@ -82,6 +85,7 @@ pub struct UserVariant<V> {
 
 impl<V: Variant> LogitHook for UserVariant<V> {
     const ACTIVE: bool = true;
+    const SCORE: bool = V::SCORE_MOD;
     const GRAD: bool = V::SCORE_MOD && V::SCORE_GRAD;
 
     #[inline(always)]
@@ -121,23 +125,36 @@ impl<V: Variant> UserVariant<V> {
     }
 }
 
-impl<V: Variant> ScoreMod for UserVariant<V> {
+/// User variant `V` as the forward's score modification of one (batch, query head),
+/// with the call's values it reads (the score hook has no parameter block at hand).
+#[derive(Clone, Copy)]
+pub struct UserScore<V> {
+    variant: UserVariant<V>,
+    args: VariantArgs,
+    seqlen_q: u32,
+    seqlen_k: u32,
+    /// The softmax scale (`FwdParams::softcap_scale`), which makes `x` from `S`.
+    scale: f32,
+}
+
+impl<V: Variant> ScoreMod for UserScore<V> {
     #[inline(always)]
-    fn new(_: &FwdParams, batch: u32, head: u32) -> Self {
-        <Self as LogitHook>::new(batch, head)
+    fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
+        let variant = <UserVariant<V> as LogitHook>::new(batch, head);
+        UserScore { variant, args: p.variant, seqlen_q: p.seqlen_q, seqlen_k: p.seqlen_k, scale: p.softcap_scale }
     }
 
     /// Coordinates as in [`super::mask::Mask::apply_with`]: rows `row_g`, `row_g + 8`;
     /// in n-tile `j` keys `col_2t + 8j` and `+ 1`.
     #[inline(always)]
-    fn apply<S: FragTile>(&self, p: &FwdParams, s: &mut S, row_g: i32, col_2t: i32) {
-        let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) {
+        let call = VariantCall { args: &self.args, seqlen_q: &self.seqlen_q, seqlen_k: &self.seqlen_k };
         for j in 0..S::FRAGS {
             let f = s.frag_mut(j);
             for r in 0..2 {
                 for c in 0..2 {
                     let (q, kv) = ((row_g + 8 * r as i32) as u32, (col_2t + 8 * j as i32 + c as i32) as u32);
-                    f[2 * r + c] = self.forward_logit(call, q, kv, f[2 * r + c] * p.softcap_scale);
+                    f[2 * r + c] = self.variant.forward_logit(call, q, kv, f[2 * r + c] * self.scale);
                 }
             }
         }

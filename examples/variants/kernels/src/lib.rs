@@ -64,3 +64,6 @@ impl Variant for PrefixLm {
 // `prefix_lm__*` (`common::variant::KERNELS`).
 #[cfg(target_arch = "nvptx64")]
 kernels_gpu::variant_kernels!(rel_bias: RelBias, prefix_lm: PrefixLm);
+
+/// The names given to `variant_kernels!` above, for the build script and the host.
+pub const VARIANTS: [&str; 2] = ["rel_bias", "prefix_lm"];
