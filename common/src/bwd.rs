@@ -184,6 +184,13 @@ impl CtaSteps {
         CtaSteps { order: p.dq_order_of(ranges.is_some()), n, first, end, kv_group: p.kv_group }
     }
 
+    /// The steps from query block `first` on (a user variant's bound on the keys each
+    /// row sees: the blocks before it see none of this CTA's keys).
+    #[inline(always)]
+    pub fn from_block(self, first: u32) -> Self {
+        CtaSteps { first: if first > self.first { first } else { self.first }, ..self }
+    }
+
     /// No query block sees the CTA's keys (its dK and dV are zero).
     #[inline(always)]
     pub fn is_empty(&self) -> bool {

@@ -22,10 +22,13 @@
 //! - [`Variant::visible`] says whether query row `q` sees key `kv`; a hidden pair gets
 //!   probability 0, a row that sees no key O = 0 and LSE = +inf, as with the built-in
 //!   masks. It combines with the call's `causal` flag (both must allow a pair).
-//! - **What makes a block skippable:** only the call's `causal` flag and the sequence
-//!   lengths. The kernels visit every key block a causal (or unmasked) call visits and
-//!   evaluate `visible` on every pair of it; a mask mod hides pairs, it does not save
-//!   work. Combine it with `causal` when it is a subset of the causal mask.
+//! - **What makes a block skippable:** the call's `causal` flag, the sequence lengths, and
+//!   [`Variant::key_end`] when [`Variant::KEY_END`]: a bound on the keys each query row
+//!   sees (prefix-LM, causal-like masks). Key blocks past every row's bound are neither
+//!   loaded nor computed, forward and backward (the deterministic backward visits them,
+//!   masked). Within the visited blocks `visible` runs on every pair. A bound that hides
+//!   a pair `visible` shows gives wrong results: `reference::key_end_error` (host crate)
+//!   checks one against `visible`.
 //!
 //! The same impl runs in the CPU reference (the host crate reads the data from a slice),
 //! so a variant's GPU tests compare against its own definition.
@@ -71,6 +74,9 @@ pub trait Variant: Copy + 'static {
     /// Whether [`Variant::score_grad`] may differ from 1 (`false`: `score` adds a bias to
     /// `x`, and the backward skips the product and the call).
     const SCORE_GRAD: bool = true;
+    /// Whether [`Variant::key_end`] bounds the visible keys (else every key block of the
+    /// call is visited).
+    const KEY_END: bool = false;
 
     /// The logit of pair `at` from the scaled score `x = softmax_scale · q·k`.
     #[inline(always)]
@@ -89,6 +95,15 @@ pub trait Variant: Copy + 'static {
     #[inline(always)]
     fn visible<D: VariantData + ?Sized>(_data: &D, _at: Coords) -> bool {
         true
+    }
+
+    /// One past the last key query row `q` of batch `batch` may see (called only when
+    /// [`Variant::KEY_END`]): `visible` must be false for every key at or past it, for
+    /// every head. It must not decrease as `q` grows (the blocks a query block visits are
+    /// those below its last row's bound). Values past `seqlen_k` are clamped.
+    #[inline(always)]
+    fn key_end<D: VariantData + ?Sized>(_data: &D, _batch: u32, _q: u32, _seqlen_q: u32, seqlen_k: u32) -> u32 {
+        seqlen_k
     }
 }
 

@@ -144,6 +144,34 @@ pub fn score_grad_error<V: Variant>(data: &[u32], at: &[Coords], xs: &[f32]) -> 
     worst
 }
 
+/// A breach of variant `V`'s key bound (`Variant::key_end`, when `KEY_END`) over a call
+/// of `batch` sequences of `seqlen_q` queries, `seqlen_k` keys and `heads` query heads: a
+/// pair `visible` shows at or past its row's bound, or a row whose bound is below the
+/// previous row's. `None` when the bound holds (or the variant has none).
+pub fn key_end_error<V: Variant>(data: &[u32], batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize) -> Option<String> {
+    if !V::KEY_END {
+        return None;
+    }
+    let (sq, sk) = (seqlen_q as u32, seqlen_k as u32);
+    for b in 0..batch as u32 {
+        let mut previous = 0;
+        for q in 0..sq {
+            let end = V::key_end(data, b, q, sq, sk).min(sk);
+            if end < previous {
+                return Some(format!("batch {b}: row {q}'s bound {end} is below row {}'s {previous}", q - 1));
+            }
+            previous = end;
+            for head in 0..heads as u32 {
+                let at = |kv| Coords { batch: b, head, q, kv, seqlen_q: sq, seqlen_k: sk };
+                if let Some(kv) = (end..sk).find(|&kv| !V::MASK_MOD || V::visible(data, at(kv))) {
+                    return Some(format!("batch {b} head {head}: row {q} sees key {kv}, past its bound {end}"));
+                }
+            }
+        }
+    }
+    None
+}
+
 impl<V: Variant> HostVariant for HostVariantOf<V> {
     fn logit(&self, at: Coords, x: f64) -> Option<(f64, f64)> {
         let data = &self.data[..];

@@ -122,7 +122,7 @@ macro_rules! __variant_fwd_entries {
     ($variant:ident $v:tt $($name:ident => $dtype:ident, hdim $d:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {$(
         $crate::fa3_entry!(
             concat!(stringify!($variant), "__", stringify!($name)), $dtype, hdim $d, wgs $wgs, keys $keys, cluster $cluster, $tech,
-            $crate::fa3::variant::UserScore<$v>, $crate::fa3::mask::CausalMask
+            $crate::fa3::variant::UserScore<$v>, $crate::fa3::variant::VariantMask<$v>
         );
     )*};
 }

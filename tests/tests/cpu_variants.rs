@@ -177,3 +177,34 @@ fn score_grad_error_catches_a_wrong_derivative() {
     }
     assert!(score_grad_error::<CappedNoGrad>(&cap, &at, &xs) > 0.5);
 }
+
+/// The key-bound check: a window's true bound passes, one key short is a visible pair
+/// past the bound, and a bound that falls with the row is caught.
+#[test]
+fn key_end_error_catches_a_bound_that_hides_visible_keys() {
+    use flash_attn3::reference::key_end_error;
+    /// [`Windowed`] with the bound `diagonal + right + 1 − short`, or falling past row 3.
+    #[derive(Clone, Copy)]
+    struct Bounded<const SHORT: u32, const FALLS: bool>;
+    impl<const SHORT: u32, const FALLS: bool> Variant for Bounded<SHORT, FALLS> {
+        const SCORE_MOD: bool = false;
+        const MASK_MOD: bool = true;
+        const KEY_END: bool = true;
+        fn visible<D: VariantData + ?Sized>(data: &D, at: Coords) -> bool {
+            Windowed::visible(data, at)
+        }
+        fn key_end<D: VariantData + ?Sized>(data: &D, _: u32, q: u32, seqlen_q: u32, seqlen_k: u32) -> u32 {
+            if FALLS && q > 3 {
+                return 0;
+            }
+            let end = q as i64 + seqlen_k as i64 - seqlen_q as i64 + data.u32_at(1) as i64 + 1 - SHORT as i64;
+            end.max(0) as u32
+        }
+    }
+    let window = [2u32, 1];
+    for (sq, sk) in [(9, 9), (5, 12), (12, 5)] {
+        assert_eq!(key_end_error::<Bounded<0, false>>(&window, 2, 2, sq, sk), None, "sq {sq} sk {sk}");
+        assert!(key_end_error::<Bounded<1, false>>(&window, 2, 2, sq, sk).is_some_and(|e| e.contains("past its bound")), "sq {sq} sk {sk}");
+    }
+    assert!(key_end_error::<Bounded<0, true>>(&window, 1, 1, 9, 9).is_some_and(|e| e.contains("below")));
+}

@@ -3,15 +3,16 @@
 //! the naive low-precision error), at awkward sizes, GQA, causal or not, rows that see
 //! no key, with attention sinks; the deterministic backward bit-identical; misuse
 //! refused. Also, without a GPU: the module exports every kernel of both variants, ptxas
-//! assembles them without spills but for the ones recorded ([`KNOWN_SPILLS`]), and each
-//! variant's derivative matches finite differences of its score.
+//! assembles them without spills but for the ones recorded ([`KNOWN_SPILLS`]), each
+//! variant's derivative matches finite differences of its score, and the prefix-LM's key
+//! bound holds against its mask.
 //!
 //! Without a usable GPU the GPU tests are reported as ignored and the reason is printed.
 use common::variant::{Coords, Variant};
 use fa3_variants_example::{PREFIX_LM, PTX, PrefixLm, REL_BIAS, RelBias, VARIANTS, prefix_lm_data, rel_bias_data};
 use flash_attn3::check::{check, check_backward};
 use flash_attn3::reference::backward::Grads as HostGrads;
-use flash_attn3::reference::{AttnResult, HostTensor, HostVariant, HostVariantOf, Problem, rng, score_grad_error};
+use flash_attn3::reference::{AttnResult, HostTensor, HostVariant, HostVariantOf, Problem, key_end_error, rng, score_grad_error};
 use flash_attn3::{AttnError, AttnOptions, DType, DeviceTensor, Gpu, VariantModule, flash_attn_backward, flash_attn_func};
 use libtest_mimic::{Arguments, Failed, Trial};
 use rand::Rng;
@@ -193,6 +194,19 @@ fn misuse_is_refused(gpu: &Gpu, module: &VariantModule) -> Result<(), Failed> {
     }
 }
 
+/// The prefix-LM's key bound (which the kernels skip blocks by) holds against its mask:
+/// no visible key past a row's bound, bounds never decreasing; over the tests' shapes.
+fn prefix_lm_key_bound_holds() -> Result<(), Failed> {
+    for (sq, sk) in [(1, 1), (17, 300), (300, 17), (257, 409)] {
+        for prefixes in [[0u32, 5, 1000], [sk as u32 / 3, 0, sk as u32 + 5]] {
+            if let Some(e) = key_end_error::<PrefixLm>(&prefix_lm_data(&prefixes), 3, 2, sq, sk) {
+                return Err(format!("sq {sq} sk {sk} prefixes {prefixes:?}: {e}").into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Each variant's derivative against central differences of its score
 /// (`reference::score_grad_error`): the GPU tests compare with the variants' own
 /// functions, so this is what checks the derivative itself.
@@ -262,6 +276,7 @@ fn main() {
         Trial::test("module_exports_every_kernel_of_both_variants", module_exports_every_kernel_of_both_variants),
         Trial::test("kernels_assemble_within_their_spill_budget", kernels_assemble_within_their_spill_budget),
         Trial::test("variant_derivatives_match_finite_differences", variant_derivatives_match_finite_differences),
+        Trial::test("prefix_lm_key_bound_holds", prefix_lm_key_bound_holds),
     ];
     let gpu = match Gpu::new(0) {
         Ok(g) => Some(Arc::new(g)),

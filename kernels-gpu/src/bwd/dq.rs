@@ -16,7 +16,7 @@ use super::traits::{BwdTraits, DqPiece, DqSplit};
 use crate::fa3::barriers::NamedBarrier;
 use crate::ptx::compiler::opaque_u32;
 use crate::ptx::{fence, global, smem, tma};
-use common::bwd::{BwdParams, CtaSteps, DQ_PIECE, MMA_WGS};
+use common::bwd::{BwdParams, DQ_PIECE, MMA_WGS};
 use core::marker::PhantomData;
 
 /// A consumer warpgroup's side: stages its piece of each step.
@@ -68,7 +68,7 @@ impl<K: BwdTraits> DqWriter<K> {
         let leader = lane == 0;
         let mut phase = 0;
         let ranges = super::local_ranges::<K>(p, batch);
-        CtaSteps::new(p, n_block, K::BLOCK_M, ranges.as_ref()).for_each(|h, m| {
+        super::cta_steps::<K>(p, n_block, batch, ranges.as_ref()).for_each(|h, m| {
             let head = head_k * p.kv_group + h;
             for wg in 0..MMA_WGS {
                 storage.dq.full(wg).wait(phase);

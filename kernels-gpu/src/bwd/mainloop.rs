@@ -25,7 +25,7 @@ use crate::ptx::{fence, math, smem};
 use crate::fa3::mask::DocSource;
 use crate::fa3::variant::{LogitHook, VariantCall};
 use common::window::Documents;
-use common::bwd::{BwdParams, CtaSteps, STAGES, step_needs_mask};
+use common::bwd::{BwdParams, STAGES, step_needs_mask};
 use common::gmma::{desc_add, k_major_k_step, k_major_sw128, mn_major_k_step, mn_major_sw128, sw128_rows};
 
 /// Which (query, key) pairs of this lane's two key rows the mask hides: a pair is hidden
@@ -135,7 +135,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let p = self.p;
         let mut grads = KeyBlockGrads::<K> { dk: K::KeyGrads::zeroed(), dv: K::KeyGrads::zeroed() };
         let ranges = super::local_ranges::<K>(p, self.batch);
-        let steps = CtaSteps::new(p, self.n_block, K::BLOCK_M, ranges.as_ref());
+        let steps = super::cta_steps::<K>(p, self.n_block, self.batch, ranges.as_ref());
         if steps.is_empty() {
             return grads;
         }

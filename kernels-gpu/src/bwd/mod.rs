@@ -27,6 +27,7 @@ use crate::fa3::traits::WARPGROUP_THREADS;
 use crate::ptx::compiler::opaque_u32;
 use crate::ptx::{barrier, mbarrier, regs, sreg};
 use crate::fa3::mask::DocSource;
+use crate::fa3::variant::{LogitHook, VariantCall};
 use common::bwd::{BwdParams, CtaSteps, MMA_WGS};
 use common::window::KeyRanges;
 use dq::{DqStager, DqWriter};
@@ -52,6 +53,21 @@ pub(crate) fn local_ranges<K: BwdTraits>(p: &BwdParams, batch: u32) -> Option<Ke
     if K::LOCAL { Some(p.key_ranges(K::Docs::of(&p.docs, batch))) } else { None }
 }
 
+/// The steps of key block `n_block`'s CTA (the producer, the consumers and the dQ writer
+/// walk the same; `ranges`: [`local_ranges`]): the mask's query blocks, from the first
+/// whose rows a user variant's
+/// key bound lets see the block (not in the deterministic mode, whose turns count every
+/// block the causal or unmasked call visits).
+#[inline(always)]
+pub(crate) fn cta_steps<K: BwdTraits>(p: &BwdParams, n_block: u32, batch: u32, ranges: Option<&KeyRanges<K::Docs>>) -> CtaSteps {
+    let steps = CtaSteps::new(p, n_block, K::BLOCK_M, ranges);
+    if K::DETERMINISTIC || !K::Variant::ACTIVE {
+        return steps;
+    }
+    let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+    steps.from_block(K::Variant::first_query_block(call, batch, n_block * K::BLOCK_N, K::BLOCK_M))
+}
+
 /// The main kernel body. Grid `(key blocks, heads_k, batch)` (which CTA takes which key
 /// block, and in what order it visits the query blocks: `common::bwd::DqOrder`); `tma`: generic address of
 /// the descriptor block (q, k, v, dO maps).
@@ -73,7 +89,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let wg = tid / WARPGROUP_THREADS;
     if wg == 0 {
         regs::dealloc::<ProducerRegs>();
-        let steps = CtaSteps::new(&p, n_block, K::BLOCK_M, local_ranges::<K>(&p, batch).as_ref());
+        let steps = cta_steps::<K>(&p, n_block, batch, local_ranges::<K>(&p, batch).as_ref());
         if tid == 0 {
             let mut loader = BwdLoader::<K>::new(TensorMaps(tma), storage);
             loader.prefetch_descriptors();

@@ -6,7 +6,7 @@
 //! softmax scale and the softmax's `scale_log2` to `log2 e`), so the user's functions
 //! see FlexAttention's scaled scores; a hidden pair's logit is `-inf` (and its
 //! derivative 0), which the softmax and the backward's `P` turn into 0.
-use super::mask::ScoreMod;
+use super::mask::{CausalMask, Mask, ScoreMod};
 use super::traits::FragTile;
 use crate::ptx::global;
 use common::FwdParams;
@@ -55,6 +55,13 @@ pub trait LogitHook: Copy {
     /// `(logit, d logit / dx)` of query `q` and key `kv` from `x = scale · q·k`;
     /// `(-inf, 0)` for a hidden pair.
     fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> (f32, f32);
+
+    /// The first query block (of `block_m` rows) whose rows may see key `key0` of batch
+    /// `batch` under the variant's key bound (`Variant::key_end`; 0 without one).
+    #[inline(always)]
+    fn first_query_block(_call: VariantCall<'_>, _batch: u32, _key0: u32, _block_m: u32) -> u32 {
+        0
+    }
 }
 
 /// No user variant: the built-in kernels.
@@ -105,6 +112,27 @@ impl<V: Variant> LogitHook for UserVariant<V> {
             (x, 1.0)
         }
     }
+
+    /// A binary search over the query blocks: `key_end` does not decrease with the row.
+    #[inline(always)]
+    fn first_query_block(call: VariantCall<'_>, batch: u32, key0: u32, block_m: u32) -> u32 {
+        if !V::KEY_END {
+            return 0;
+        }
+        let (seqlen_q, seqlen_k) = (*call.seqlen_q, *call.seqlen_k);
+        let data = DeviceData { addr: call.args.data, words: call.args.words };
+        let (mut lo, mut hi) = (0, seqlen_q.div_ceil(block_m));
+        while lo < hi {
+            let m = lo + (hi - lo) / 2;
+            let last_row = ((m + 1) * block_m).min(seqlen_q) - 1;
+            if V::key_end(&data, batch, last_row, seqlen_q, seqlen_k) > key0 {
+                hi = m;
+            } else {
+                lo = m + 1;
+            }
+        }
+        lo
+    }
 }
 
 impl<V: Variant> UserVariant<V> {
@@ -122,6 +150,61 @@ impl<V: Variant> UserVariant<V> {
             return f32::NEG_INFINITY;
         }
         if V::SCORE_MOD { V::score(&data, at, x) } else { x }
+    }
+}
+
+/// The forward's mask with user variant `V`: the causal flag and the lengths
+/// ([`CausalMask`]), and with `Variant::KEY_END` the key blocks past the rows' bound cut
+/// from a tile's range (and a warpgroup's), so they are neither loaded nor computed. The
+/// pairs the variant hides inside the range are the score hook's ([`UserScore`]).
+#[derive(Clone, Copy)]
+pub struct VariantMask<V> {
+    causal: CausalMask,
+    variant: PhantomData<V>,
+}
+
+impl<V: Variant> VariantMask<V> {
+    /// `blocks` cut to those rows up to `last_row` of batch `batch` may see.
+    #[inline(always)]
+    fn bound(p: &FwdParams, batch: u32, last_row: i32, block_n: u32, blocks: u32) -> u32 {
+        if !V::KEY_END || last_row < 0 || p.seqlen_q == 0 {
+            return blocks;
+        }
+        let data = DeviceData { addr: p.variant.data, words: p.variant.words };
+        let last = (last_row as u32).min(p.seqlen_q - 1);
+        let end = V::key_end(&data, batch, last, p.seqlen_q, p.seqlen_k).min(p.seqlen_k);
+        blocks.min(end.div_ceil(block_n))
+    }
+}
+
+impl<V: Variant> Mask for VariantMask<V> {
+    const LOCAL: bool = false;
+
+    #[inline(always)]
+    fn new(p: &FwdParams, row_g: i32) -> Self {
+        VariantMask { causal: CausalMask::new(p, row_g), variant: PhantomData }
+    }
+
+    #[inline(always)]
+    fn tile_blocks(p: &FwdParams, batch: u32, row0: i32, block_m: u32, block_n: u32) -> (u32, u32) {
+        let (first, end) = CausalMask::tile_blocks(p, batch, row0, block_m, block_n);
+        (first, Self::bound(p, batch, row0 + block_m as i32 - 1, block_n, end))
+    }
+
+    #[inline(always)]
+    fn visible_blocks(p: &FwdParams, batch: u32, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
+        let (first, end) = CausalMask::visible_blocks(p, batch, row0, rows, block_n);
+        (first, Self::bound(p, batch, row0 + rows as i32 - 1, block_n, end))
+    }
+
+    #[inline(always)]
+    fn whole_blocks(p: &FwdParams, batch: u32, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
+        CausalMask::whole_blocks(p, batch, row0, rows, block_n)
+    }
+
+    #[inline(always)]
+    fn apply_with<S: FragTile>(&self, p: &FwdParams, batch: u32, s: &mut S, col_2t: i32) {
+        self.causal.apply_with(p, batch, s, col_2t)
     }
 }
 

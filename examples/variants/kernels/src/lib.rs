@@ -6,7 +6,8 @@
 //!   with `R = RelBias::MAX_DISTANCE`. Buffer: the f32 table `[heads_q][2R + 1]`.
 //! - [`PrefixLm`]: a prefix-LM mask: every query sees the whole prefix of its batch
 //!   element and, past it, the keys up to its bottom-right diagonal. Buffer: the prefix
-//!   length of each batch element (u32). Run without `causal` (the prefix is not causal).
+//!   length of each batch element (u32). Run without `causal` (the prefix is not causal);
+//!   its key bound (`key_end`) lets the kernels skip the blocks right of both.
 #![no_std]
 // What the kernels' entry points need (nightly, as the library's own kernels).
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
@@ -53,10 +54,18 @@ pub struct PrefixLm;
 impl Variant for PrefixLm {
     const SCORE_MOD: bool = false;
     const MASK_MOD: bool = true;
+    // Row q sees no key past max(prefix, its diagonal + 1): the blocks beyond are skipped.
+    const KEY_END: bool = true;
 
     #[inline(always)]
     fn visible<D: VariantData + ?Sized>(data: &D, at: Coords) -> bool {
         at.kv < data.u32_at(at.batch) || at.kv as i64 <= at.q as i64 + at.seqlen_k as i64 - at.seqlen_q as i64
+    }
+
+    #[inline(always)]
+    fn key_end<D: VariantData + ?Sized>(data: &D, batch: u32, q: u32, seqlen_q: u32, seqlen_k: u32) -> u32 {
+        let diagonal_end = (q as i64 + seqlen_k as i64 - seqlen_q as i64 + 1).max(0) as u32;
+        data.u32_at(batch).max(diagonal_end)
     }
 }
 
