@@ -26,9 +26,10 @@
 //!   [`Variant::key_end`] when [`Variant::KEY_END`]: a bound on the keys each query row
 //!   sees (prefix-LM, causal-like masks). Key blocks past every row's bound are neither
 //!   loaded nor computed, forward and backward (the deterministic backward visits them,
-//!   masked). Within the visited blocks `visible` runs on every pair. A bound that hides
-//!   a pair `visible` shows gives wrong results: `reference::key_end_error` (host crate)
-//!   checks one against `visible`.
+//!   masked). Within the visited blocks `visible` runs on every pair, unless the bound is
+//!   the whole mask ([`Variant::KEY_END_EXACT`]): then the kernels mask by the bound as by
+//!   the causal mask. A bound that hides a pair `visible` shows gives wrong results:
+//!   `reference::key_end_error` (host crate) checks one against `visible`.
 //!
 //! The same impl runs in the CPU reference (the host crate reads the data from a slice),
 //! so a variant's GPU tests compare against its own definition.
@@ -77,6 +78,11 @@ pub trait Variant: Copy + 'static {
     /// Whether [`Variant::key_end`] bounds the visible keys (else every key block of the
     /// call is visited).
     const KEY_END: bool = false;
+    /// Whether the bound is the whole mask: row `q` sees exactly the keys below
+    /// [`Variant::key_end`] (and [`Variant::visible`] says so too). The kernels then mask by
+    /// the bound alone, like the causal mask: no `visible` call, and the blocks every row
+    /// of a tile sees whole run without mask code. Needs `KEY_END`.
+    const KEY_END_EXACT: bool = false;
 
     /// The logit of pair `at` from the scaled score `x = softmax_scale · q·k`.
     #[inline(always)]

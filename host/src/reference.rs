@@ -146,8 +146,9 @@ pub fn score_grad_error<V: Variant>(data: &[u32], at: &[Coords], xs: &[f32]) -> 
 
 /// A breach of variant `V`'s key bound (`Variant::key_end`, when `KEY_END`) over a call
 /// of `batch` sequences of `seqlen_q` queries, `seqlen_k` keys and `heads` query heads: a
-/// pair `visible` shows at or past its row's bound, or a row whose bound is below the
-/// previous row's. `None` when the bound holds (or the variant has none).
+/// pair `visible` shows at or past its row's bound, a row whose bound is below the
+/// previous row's, or with `KEY_END_EXACT` a pair below the bound that `visible` hides.
+/// `None` when the bound holds (or the variant has none).
 pub fn key_end_error<V: Variant>(data: &[u32], batch: usize, heads: usize, seqlen_q: usize, seqlen_k: usize) -> Option<String> {
     if !V::KEY_END {
         return None;
@@ -165,6 +166,11 @@ pub fn key_end_error<V: Variant>(data: &[u32], batch: usize, heads: usize, seqle
                 let at = |kv| Coords { batch: b, head, q, kv, seqlen_q: sq, seqlen_k: sk };
                 if let Some(kv) = (end..sk).find(|&kv| !V::MASK_MOD || V::visible(data, at(kv))) {
                     return Some(format!("batch {b} head {head}: row {q} sees key {kv}, past its bound {end}"));
+                }
+                if V::KEY_END_EXACT {
+                    if let Some(kv) = (0..end).find(|&kv| V::MASK_MOD && !V::visible(data, at(kv))) {
+                        return Some(format!("batch {b} head {head}: row {q} hides key {kv}, below its exact bound {end}"));
+                    }
                 }
             }
         }

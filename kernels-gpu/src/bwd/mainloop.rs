@@ -144,7 +144,16 @@ impl<K: BwdTraits> Consumer<'_, K> {
         self.storage.v.consumer_wait(PipelineState::new());
         let lane = self.thread_in_wg % 32;
         let key_row = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
-        let mask = KeyRowMask::new::<K>(p, key_row);
+        let mut mask = KeyRowMask::new::<K>(p, key_row);
+        if K::Variant::EXACT {
+            // A user variant's exact key bound: each key row's first query is also the
+            // first row whose bound passes it.
+            let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+            for r in 0..2 {
+                let first = K::Variant::first_query(call, self.batch, (key_row + 8 * r as i32) as u32) as i32;
+                mask.min_query[r] = mask.min_query[r].max(first);
+            }
+        }
         // ALiBi and user variants read each step's head from the step's index.
         steps.for_each_query_block(#[inline(always)] |step, m| {
             let h = if K::ALIBI || K::Variant::ACTIVE { steps.head_of(step) } else { 0 };
@@ -162,7 +171,12 @@ impl<K: BwdTraits> Consumer<'_, K> {
         } else {
             step_needs_mask(p.causal != 0, m, self.n_block, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k)
         };
-        let masked = window_cuts || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
+        // A user variant's exact bound cuts the block for the step's first row.
+        let bound_cuts = K::Variant::EXACT && {
+            let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+            K::Variant::key_end(call, self.batch, m * K::BLOCK_M) < (self.n_block + 1) * K::BLOCK_N
+        };
+        let masked = window_cuts || bound_cuts || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
         // Uniform across the CTA; the broadcast lets ptxas see it.
         let masked = math::shfl_broadcast_u32(masked as u32) != 0;
         self.step(grads, mask, h, m, masked);

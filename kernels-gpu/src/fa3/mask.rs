@@ -112,7 +112,7 @@ pub trait ScoreMod: Copy {
 /// masked loop holds two registers for it.
 #[derive(Clone, Copy)]
 pub struct CausalMask {
-    limits: [i32; 2],
+    pub(crate) limits: [i32; 2],
 }
 
 impl Mask for CausalMask {

@@ -62,6 +62,22 @@ pub trait LogitHook: Copy {
     fn first_query_block(_call: VariantCall<'_>, _batch: u32, _key0: u32, _block_m: u32) -> u32 {
         0
     }
+
+    /// Whether the key bound is the whole mask (`Variant::KEY_END_EXACT`): the kernels then
+    /// mask by it, as by the causal mask, and never call `visible`.
+    const EXACT: bool = false;
+
+    /// The first query row whose bound passes key `key` (`seqlen_q` if none; `EXACT` only).
+    #[inline(always)]
+    fn first_query(_call: VariantCall<'_>, _batch: u32, _key: u32) -> u32 {
+        0
+    }
+
+    /// Row `q`'s bound, at most `seqlen_k` (`EXACT` only).
+    #[inline(always)]
+    fn key_end(call: VariantCall<'_>, _batch: u32, _q: u32) -> u32 {
+        *call.seqlen_k
+    }
 }
 
 /// No user variant: the built-in kernels.
@@ -103,7 +119,7 @@ impl<V: Variant> LogitHook for UserVariant<V> {
     #[inline(always)]
     fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> (f32, f32) {
         let (data, at) = self.at(call, q, kv);
-        if V::MASK_MOD && !V::visible(&data, at) {
+        if V::MASK_MOD && !Self::EXACT && !V::visible(&data, at) {
             return (f32::NEG_INFINITY, 0.0);
         }
         if V::SCORE_MOD {
@@ -111,6 +127,29 @@ impl<V: Variant> LogitHook for UserVariant<V> {
         } else {
             (x, 1.0)
         }
+    }
+
+    const EXACT: bool = V::KEY_END && V::KEY_END_EXACT;
+
+    #[inline(always)]
+    fn key_end(call: VariantCall<'_>, batch: u32, q: u32) -> u32 {
+        let data = DeviceData { addr: call.args.data, words: call.args.words };
+        V::key_end(&data, batch, q, *call.seqlen_q, *call.seqlen_k).min(*call.seqlen_k)
+    }
+
+    /// A binary search over the rows: `key_end` does not decrease with the row.
+    #[inline(always)]
+    fn first_query(call: VariantCall<'_>, batch: u32, key: u32) -> u32 {
+        let (mut lo, mut hi) = (0, *call.seqlen_q);
+        while lo < hi {
+            let q = lo + (hi - lo) / 2;
+            if Self::key_end(call, batch, q) > key {
+                hi = q;
+            } else {
+                lo = q + 1;
+            }
+        }
+        lo
     }
 
     /// A binary search over the query blocks: `key_end` does not decrease with the row.
@@ -146,7 +185,7 @@ impl<V: Variant> UserVariant<V> {
     #[inline(always)]
     fn forward_logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> f32 {
         let (data, at) = self.at(call, q, kv);
-        if V::MASK_MOD && !V::visible(&data, at) {
+        if V::MASK_MOD && !<Self as LogitHook>::EXACT && !V::visible(&data, at) {
             return f32::NEG_INFINITY;
         }
         if V::SCORE_MOD { V::score(&data, at, x) } else { x }
@@ -160,6 +199,8 @@ impl<V: Variant> UserVariant<V> {
 #[derive(Clone, Copy)]
 pub struct VariantMask<V> {
     causal: CausalMask,
+    /// This lane's first row (exact bounds mask by each row's bound).
+    row_g: i32,
     variant: PhantomData<V>,
 }
 
@@ -175,6 +216,16 @@ impl<V: Variant> VariantMask<V> {
         let end = V::key_end(&data, batch, last, p.seqlen_q, p.seqlen_k).min(p.seqlen_k);
         blocks.min(end.div_ceil(block_n))
     }
+
+    /// Row `row`'s bound (0 for rows outside the call: they are never stored).
+    #[inline(always)]
+    fn row_end(p: &FwdParams, batch: u32, row: i32) -> i32 {
+        if row < 0 || row >= p.seqlen_q as i32 {
+            return 0;
+        }
+        let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+        <UserVariant<V> as LogitHook>::key_end(call, batch, row as u32) as i32
+    }
 }
 
 impl<V: Variant> Mask for VariantMask<V> {
@@ -182,7 +233,7 @@ impl<V: Variant> Mask for VariantMask<V> {
 
     #[inline(always)]
     fn new(p: &FwdParams, row_g: i32) -> Self {
-        VariantMask { causal: CausalMask::new(p, row_g), variant: PhantomData }
+        VariantMask { causal: CausalMask::new(p, row_g), row_g, variant: PhantomData }
     }
 
     #[inline(always)]
@@ -197,14 +248,24 @@ impl<V: Variant> Mask for VariantMask<V> {
         (first, Self::bound(p, batch, row0 + rows as i32 - 1, block_n, end))
     }
 
+    /// With an exact bound, those below the first real row's bound too (later rows' are
+    /// no lower).
     #[inline(always)]
     fn whole_blocks(p: &FwdParams, batch: u32, row0: i32, rows: u32, block_n: u32) -> (u32, u32) {
-        CausalMask::whole_blocks(p, batch, row0, rows, block_n)
+        let (first, end) = CausalMask::whole_blocks(p, batch, row0, rows, block_n);
+        if !<UserVariant<V> as LogitHook>::EXACT {
+            return (first, end);
+        }
+        (first, end.min(Self::row_end(p, batch, row0.max(0)) as u32 / block_n))
     }
 
     #[inline(always)]
     fn apply_with<S: FragTile>(&self, p: &FwdParams, batch: u32, s: &mut S, col_2t: i32) {
-        self.causal.apply_with(p, batch, s, col_2t)
+        if !<UserVariant<V> as LogitHook>::EXACT {
+            return self.causal.apply_with(p, batch, s, col_2t);
+        }
+        let limits = [0usize, 1].map(|r| self.causal.limits[r].min(Self::row_end(p, batch, self.row_g + 8 * r as i32)));
+        s.mask_columns(col_2t, limits)
     }
 }
 

@@ -54,8 +54,10 @@ pub struct PrefixLm;
 impl Variant for PrefixLm {
     const SCORE_MOD: bool = false;
     const MASK_MOD: bool = true;
-    // Row q sees no key past max(prefix, its diagonal + 1): the blocks beyond are skipped.
+    // Row q sees exactly the keys below max(prefix, its diagonal + 1): the blocks beyond
+    // are skipped, and the kernels mask by the bound (those below every row's run unmasked).
     const KEY_END: bool = true;
+    const KEY_END_EXACT: bool = true;
 
     #[inline(always)]
     fn visible<D: VariantData + ?Sized>(data: &D, at: Coords) -> bool {
