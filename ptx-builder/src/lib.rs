@@ -301,16 +301,16 @@ pub fn finish_ptx(raw: &str, exports: &[(String, KernelEntry)]) -> Result<String
         .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
         .map(|l| l.trim_end_matches('(').trim())
         .collect();
-    for (name, _) in exports {
-        if !entries.contains(&name.as_str()) {
-            return Err(Error::Ptx(format!("kernel {name} is listed but not defined")));
-        }
-    }
     for e in &entries {
         if !exports.iter().any(|(name, _)| name == e) {
             // A variant crate with the library's own entry points.
             let hint = if common::KERNELS.iter().any(|k| k.name == *e) { " (depend on kernels-gpu with default-features = false)" } else { "" };
             return Err(Error::Ptx(format!("kernel {e} is defined but not listed{hint}")));
+        }
+    }
+    for (name, _) in exports {
+        if !entries.contains(&name.as_str()) {
+            return Err(Error::Ptx(format!("kernel {name} is listed but not defined")));
         }
     }
     let mut ptx = raw.to_string();
