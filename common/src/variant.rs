@@ -113,6 +113,21 @@ pub trait Variant: Copy + 'static {
     }
 }
 
+/// Pair `at`'s logit from `x` under variant `V` and its derivative (1 without
+/// `SCORE_GRAD`), `None` when `visible` hides it: the one rule the kernels and the CPU
+/// reference share. `mask`: whether to ask `visible` (the kernels mask by an exact key
+/// bound instead). The derivative is dead code where unused (the forward).
+#[inline(always)]
+pub fn logit<V: Variant, D: VariantData + ?Sized>(data: &D, at: Coords, x: f32, mask: bool) -> Option<(f32, f32)> {
+    if V::MASK_MOD && mask && !V::visible(data, at) {
+        return None;
+    }
+    if !V::SCORE_MOD {
+        return Some((x, 1.0));
+    }
+    Some((V::score(data, at, x), if V::SCORE_GRAD { V::score_grad(data, at, x) } else { 1.0 }))
+}
+
 /// The variant's buffer as the kernels get it (`FwdParams::variant`, `BwdParams::variant`):
 /// a device address and its length in words (0, 0 without one).
 #[repr(C)]

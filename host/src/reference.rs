@@ -18,7 +18,7 @@ pub mod fp8;
 use crate::tensor::round_to;
 use common::DType;
 use common::fa3::RESCALE_THRESHOLD_LOG2;
-use common::variant::{Coords, Variant};
+use common::variant::{self, Coords, Variant};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use rand_distr::{Distribution, Normal};
 
@@ -126,19 +126,14 @@ impl<V> std::fmt::Debug for HostVariantOf<V> {
 /// steps of 1/64 leaves ~1e-3 for smooth functions of logits up to ~30).
 pub fn score_grad_error<V: Variant>(data: &[u32], at: &[Coords], xs: &[f32]) -> f64 {
     let mut worst = 0.0f64;
-    for &c in at.iter().filter(|&&c| !V::MASK_MOD || V::visible(data, c)) {
+    for &c in at {
         for &x in xs {
-            let grad = if !V::SCORE_MOD {
-                1.0
-            } else if V::SCORE_GRAD {
-                V::score_grad(data, c, x) as f64
-            } else {
-                1.0
-            };
-            let score = |x: f32| if V::SCORE_MOD { V::score(data, c, x) as f64 } else { x as f64 };
+            // Hidden pairs have no derivative to check.
+            let Some((_, grad)) = variant::logit::<V, _>(data, c, x, true) else { continue };
+            let score = |x: f32| variant::logit::<V, _>(data, c, x, false).map_or(0.0, |(l, _)| l as f64);
             let h = 1.0 / 64.0 * x.abs().max(1.0);
             let fd = (score(x + h) - score(x - h)) / (2.0 * h as f64);
-            worst = worst.max((grad - fd).abs() / grad.abs().max(1.0));
+            worst = worst.max((grad as f64 - fd).abs() / (grad as f64).abs().max(1.0));
         }
     }
     worst
@@ -181,15 +176,11 @@ pub fn key_end_error<V: Variant>(data: &[u32], batch: usize, heads: usize, seqle
 impl<V: Variant> HostVariant for HostVariantOf<V> {
     fn logit(&self, at: Coords, x: f64) -> Option<(f64, f64)> {
         let data = &self.data[..];
-        if V::MASK_MOD && !V::visible(data, at) {
-            return None;
-        }
         if !V::SCORE_MOD {
-            return Some((x, 1.0));
+            // No score function: `x` unrounded.
+            return (!V::MASK_MOD || V::visible(data, at)).then_some((x, 1.0));
         }
-        let x = x as f32;
-        let grad = if V::SCORE_GRAD { V::score_grad(data, at, x) } else { 1.0 };
-        Some((V::score(data, at, x) as f64, grad as f64))
+        variant::logit::<V, _>(data, at, x as f32, true).map(|(l, g)| (l as f64, g as f64))
     }
 }
 

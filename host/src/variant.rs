@@ -39,21 +39,22 @@ impl VariantModule {
     /// to `variant_kernels!`) or a kernel whose parameter block is not this library's
     /// (a module built against another version) is [`AttnError::KernelLoad`].
     pub fn load(gpu: &Gpu, ptx: &str, names: &[&str]) -> Result<Self> {
-        for name in names {
-            for k in common::variant::KERNELS.iter() {
-                check_params(ptx, &format!("{name}{SEPARATOR}{}", k.name), k.params_bytes())?;
-            }
+        // Checked before the driver compiles the module.
+        let entries: Vec<(usize, &'static KernelEntry, String)> = names
+            .iter()
+            .enumerate()
+            .flat_map(|(i, name)| common::variant::KERNELS.iter().map(move |k| (i, k, symbol(name, k))))
+            .collect();
+        for (_, k, symbol) in &entries {
+            check_params(ptx, symbol, k.params_bytes())?;
         }
         let ctx = gpu.context().clone();
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| AttnError::KernelLoad(format!("variant module: {e}")))?;
-        let mut functions = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            for k in common::variant::KERNELS.iter() {
-                let symbol = format!("{name}{SEPARATOR}{}", k.name);
-                let f = module.load_function(&symbol).map_err(|e| AttnError::KernelLoad(format!("{symbol}: {e}")))?;
-                gpu.prepare_function(k, &f)?;
-                functions.push((i, k, f));
-            }
+        let mut functions = Vec::with_capacity(entries.len());
+        for (i, k, symbol) in entries {
+            let f = module.load_function(&symbol).map_err(|e| AttnError::KernelLoad(format!("{symbol}: {e}")))?;
+            gpu.prepare_function(k, &f)?;
+            functions.push((i, k, f));
         }
         Ok(VariantModule { ctx, _module: module, names: names.iter().map(|n| n.to_string()).collect(), functions })
     }
@@ -70,6 +71,11 @@ impl VariantModule {
     pub fn names(&self) -> &[String] {
         &self.names
     }
+}
+
+/// The exported name of `kernel` (of `common::variant::KERNELS`) for variant `name`.
+fn symbol(name: &str, kernel: &KernelEntry) -> String {
+    format!("{name}{SEPARATOR}{}", kernel.name)
 }
 
 /// Checks that entry `symbol` of `ptx` takes a parameter block of `bytes` bytes after its
@@ -163,7 +169,7 @@ impl<'a> UserVariant<'a> {
             .iter()
             .find(|(i, k, _)| *i == self.index && k.name == kernel.name)
             .map(|(_, _, f)| f)
-            .ok_or_else(|| AttnError::KernelLoad(format!("{}{SEPARATOR}{} is not loaded", self.name(), kernel.name)))
+            .ok_or_else(|| AttnError::KernelLoad(format!("{} is not loaded", symbol(self.name(), kernel))))
     }
 }
 

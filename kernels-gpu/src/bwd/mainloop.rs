@@ -148,7 +148,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         if K::Variant::EXACT {
             // A user variant's exact key bound: each key row's first query is also the
             // first row whose bound passes it.
-            let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+            let call = VariantCall::of_bwd(p);
             for r in 0..2 {
                 let first = K::Variant::first_query(call, self.batch, (key_row + 8 * r as i32) as u32) as i32;
                 mask.min_query[r] = mask.min_query[r].max(first);
@@ -173,7 +173,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         };
         // A user variant's exact bound cuts the block for the step's first row.
         let bound_cuts = K::Variant::EXACT && {
-            let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+            let call = VariantCall::of_bwd(p);
             K::Variant::key_end(call, self.batch, m * K::BLOCK_M) < (self.n_block + 1) * K::BLOCK_N
         };
         let masked = window_cuts || bound_cuts || (self.n_block + 1) * K::BLOCK_N > p.seqlen_k;
@@ -262,7 +262,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let doc_rows = if K::Docs::DOCS && masked { mask.doc_rows::<K>(self.p, self.batch) } else { [[i32::MIN, i32::MAX]; 2] };
         // User variants: the step's head, and this lane's first key row.
         let user = K::Variant::new(self.batch, self.head_k * self.p.kv_group + h);
-        let user_call = VariantCall { args: &self.p.variant, seqlen_q: &self.p.seqlen_q, seqlen_k: &self.p.seqlen_k };
+        let user_call = VariantCall::of_bwd(self.p);
         let user_key = self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4;
         let mut probs = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
         for kb in 0..steps {

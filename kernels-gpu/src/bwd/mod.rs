@@ -64,7 +64,7 @@ pub(crate) fn cta_steps<K: BwdTraits>(p: &BwdParams, n_block: u32, batch: u32, r
     if K::DETERMINISTIC || !K::Variant::ACTIVE {
         return steps;
     }
-    let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
+    let call = VariantCall::of_bwd(p);
     steps.from_block(K::Variant::first_query_block(call, batch, n_block * K::BLOCK_N, K::BLOCK_M))
 }
 

@@ -10,7 +10,8 @@ use super::mask::{CausalMask, Mask, ScoreMod};
 use super::traits::FragTile;
 use crate::ptx::global;
 use common::FwdParams;
-use common::variant::{Coords, Variant, VariantArgs, VariantData};
+use common::bwd::BwdParams;
+use common::variant::{self, Coords, Variant, VariantArgs, VariantData};
 use core::marker::PhantomData;
 
 /// The variant's buffer in device memory; a read past its end yields 0.
@@ -40,6 +41,24 @@ pub struct VariantCall<'a> {
     pub args: &'a VariantArgs,
     pub seqlen_q: &'a u32,
     pub seqlen_k: &'a u32,
+}
+
+impl<'a> VariantCall<'a> {
+    #[inline(always)]
+    pub fn of_fwd(p: &'a FwdParams) -> Self {
+        VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k }
+    }
+
+    #[inline(always)]
+    pub fn of_bwd(p: &'a BwdParams) -> Self {
+        VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k }
+    }
+
+    /// The buffer.
+    #[inline(always)]
+    fn data(&self) -> DeviceData {
+        DeviceData { addr: self.args.data, words: self.args.words }
+    }
 }
 
 /// The backward's per-element hook: the logit of a pair and its derivative.
@@ -118,23 +137,15 @@ impl<V: Variant> LogitHook for UserVariant<V> {
 
     #[inline(always)]
     fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> (f32, f32) {
-        let (data, at) = self.at(call, q, kv);
-        if V::MASK_MOD && !Self::EXACT && !V::visible(&data, at) {
-            return (f32::NEG_INFINITY, 0.0);
-        }
-        if V::SCORE_MOD {
-            (V::score(&data, at, x), if V::SCORE_GRAD { V::score_grad(&data, at, x) } else { 1.0 })
-        } else {
-            (x, 1.0)
-        }
+        let at = Coords { batch: self.batch, head: self.head, q, kv, seqlen_q: *call.seqlen_q, seqlen_k: *call.seqlen_k };
+        variant::logit::<V, _>(&call.data(), at, x, !Self::EXACT).unwrap_or((f32::NEG_INFINITY, 0.0))
     }
 
     const EXACT: bool = V::KEY_END && V::KEY_END_EXACT;
 
     #[inline(always)]
     fn key_end(call: VariantCall<'_>, batch: u32, q: u32) -> u32 {
-        let data = DeviceData { addr: call.args.data, words: call.args.words };
-        V::key_end(&data, batch, q, *call.seqlen_q, *call.seqlen_k).min(*call.seqlen_k)
+        V::key_end(&call.data(), batch, q, *call.seqlen_q, *call.seqlen_k).min(*call.seqlen_k)
     }
 
     /// A binary search over the rows: `key_end` does not decrease with the row.
@@ -152,43 +163,16 @@ impl<V: Variant> LogitHook for UserVariant<V> {
         lo
     }
 
-    /// A binary search over the query blocks: `key_end` does not decrease with the row.
+    /// The block of the first row whose bound passes `key0` (the rows before it, and so
+    /// the blocks before its block, see no key from `key0` on).
     #[inline(always)]
     fn first_query_block(call: VariantCall<'_>, batch: u32, key0: u32, block_m: u32) -> u32 {
         if !V::KEY_END {
             return 0;
         }
-        let (seqlen_q, seqlen_k) = (*call.seqlen_q, *call.seqlen_k);
-        let data = DeviceData { addr: call.args.data, words: call.args.words };
-        let (mut lo, mut hi) = (0, seqlen_q.div_ceil(block_m));
-        while lo < hi {
-            let m = lo + (hi - lo) / 2;
-            let last_row = ((m + 1) * block_m).min(seqlen_q) - 1;
-            if V::key_end(&data, batch, last_row, seqlen_q, seqlen_k) > key0 {
-                hi = m;
-            } else {
-                lo = m + 1;
-            }
-        }
-        lo
-    }
-}
-
-impl<V: Variant> UserVariant<V> {
-    #[inline(always)]
-    fn at(&self, call: VariantCall<'_>, q: u32, kv: u32) -> (DeviceData, Coords) {
-        let data = DeviceData { addr: call.args.data, words: call.args.words };
-        (data, Coords { batch: self.batch, head: self.head, q, kv, seqlen_q: *call.seqlen_q, seqlen_k: *call.seqlen_k })
-    }
-
-    /// The logit alone (the forward's), without the derivative.
-    #[inline(always)]
-    fn forward_logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> f32 {
-        let (data, at) = self.at(call, q, kv);
-        if V::MASK_MOD && !<Self as LogitHook>::EXACT && !V::visible(&data, at) {
-            return f32::NEG_INFINITY;
-        }
-        if V::SCORE_MOD { V::score(&data, at, x) } else { x }
+        let first = Self::first_query(call, batch, key0);
+        // No row sees it: past the last block (not the last row's own block).
+        if first >= *call.seqlen_q { call.seqlen_q.div_ceil(block_m) } else { first / block_m }
     }
 }
 
@@ -211,9 +195,7 @@ impl<V: Variant> VariantMask<V> {
         if !V::KEY_END || last_row < 0 || p.seqlen_q == 0 {
             return blocks;
         }
-        let data = DeviceData { addr: p.variant.data, words: p.variant.words };
-        let last = (last_row as u32).min(p.seqlen_q - 1);
-        let end = V::key_end(&data, batch, last, p.seqlen_q, p.seqlen_k).min(p.seqlen_k);
+        let end = Self::row_end(p, batch, last_row.min(p.seqlen_q as i32 - 1)) as u32;
         blocks.min(end.div_ceil(block_n))
     }
 
@@ -223,8 +205,7 @@ impl<V: Variant> VariantMask<V> {
         if row < 0 || row >= p.seqlen_q as i32 {
             return 0;
         }
-        let call = VariantCall { args: &p.variant, seqlen_q: &p.seqlen_q, seqlen_k: &p.seqlen_k };
-        <UserVariant<V> as LogitHook>::key_end(call, batch, row as u32) as i32
+        <UserVariant<V> as LogitHook>::key_end(VariantCall::of_fwd(p), batch, row as u32) as i32
     }
 }
 
@@ -298,7 +279,7 @@ impl<V: Variant> ScoreMod for UserScore<V> {
             for r in 0..2 {
                 for c in 0..2 {
                     let (q, kv) = ((row_g + 8 * r as i32) as u32, (col_2t + 8 * j as i32 + c as i32) as u32);
-                    f[2 * r + c] = self.variant.forward_logit(call, q, kv, f[2 * r + c] * self.scale);
+                    f[2 * r + c] = self.variant.logit(call, q, kv, f[2 * r + c] * self.scale).0;
                 }
             }
         }
