@@ -4,7 +4,7 @@
 //! 1. **preprocess**: per query row, `D = rowsum(dO ∘ O)` and the LSE in the log2 domain
 //!    (`lse · log2 e`, `+inf` for rows past `seqlen_q`, so that they give `P = 0`), into
 //!    padded f32 workspaces; the fp32 dQ accumulator and the semaphores zeroed;
-//! 2. **main**: one CTA per (key block of [`BLOCK_N`] keys, K/V head, batch). K and V are
+//! 2. **main**: one CTA per (key block of [`block_n`] keys, K/V head, batch). K and V are
 //!    loaded once; the CTA loops over the query heads of its K/V head (GQA: their dK and
 //!    dV sum in registers, no atomics) and over the query blocks that see its keys,
 //!    recomputing `Sᵀ = K Qᵀ`, `dPᵀ = V dOᵀ`, `Pᵀ`, `dSᵀ`, accumulating `dV += Pᵀ dO`
@@ -13,12 +13,26 @@
 //!
 //! Two consumer warpgroups each own 64 of the block's keys (FA3's "swapAB": the score
 //! accumulator's rows are keys, so `Pᵀ` and `dSᵀ` are already the register A operands
-//! of the dV and dK products); a producer warpgroup issues the TMA loads.
+//! of the dV and dK products); a producer warpgroup issues the TMA loads. At hdim 256 a
+//! warpgroup's dK and dV of 64 keys would take 256 registers a thread, so there the two
+//! warpgroups share the block's 64 keys ([`splits_head_dim`]): each computes `Sᵀ` and
+//! `dPᵀ` for half of the step's queries and dK, dV and dQ for half of the head dimension,
+//! `Pᵀ` and `dSᵀ` passing through shared memory.
 use crate::window::{Documents, KeyRanges};
 use crate::{DType, KernelEntry, Strides};
 
-/// Keys per CTA: two consumer warpgroups of 64.
-pub const BLOCK_N: u32 = 128;
+/// Keys per CTA: two consumer warpgroups of 64 (at hdim 256 both on the same 64 keys,
+/// [`splits_head_dim`]).
+pub const fn block_n(hdim: u32) -> u32 {
+    if splits_head_dim(hdim) { 64 } else { 128 }
+}
+
+/// Whether the consumer warpgroups split the head dimension of dK, dV and dQ (and the
+/// step's queries of `Sᵀ` and `dPᵀ`) rather than the keys: at hdim 256, where 64 keys'
+/// dK and dV take 256 registers a thread.
+pub const fn splits_head_dim(hdim: u32) -> bool {
+    hdim == 256
+}
 /// Consumer (MMA) warpgroups.
 pub const MMA_WGS: u32 = 2;
 /// Threads per main-kernel CTA: a producer warpgroup and the consumers.
@@ -30,9 +44,26 @@ pub const AUX_THREADS: u32 = 256;
 /// Query rows per preprocess CTA (one warp per row at a time).
 pub const PREPROCESS_ROWS: u32 = 64;
 
-/// Head dimensions with a backward kernel. hdim 256 needs the head dimension split
-/// across the warpgroups (its dK and dV of 64 keys take 256 registers a thread).
-pub const HEAD_DIMS: [u32; 2] = [64, 128];
+/// Queries of a step whose `Sᵀ` and `dPᵀ` a consumer warpgroup computes: all
+/// [`block_m`], or half where the warpgroups split the head dimension.
+pub const fn wg_queries(hdim: u32) -> u32 {
+    if splits_head_dim(hdim) { block_m(hdim) / 2 } else { block_m(hdim) }
+}
+
+/// Columns of the head dimension of a consumer warpgroup's dK and dV: all, or half where
+/// the warpgroups split it.
+pub const fn wg_grad_cols(hdim: u32) -> u32 {
+    if splits_head_dim(hdim) { hdim / 2 } else { hdim }
+}
+
+/// Columns of a consumer warpgroup's dQ product per step: a 64-column piece (at hdim 64
+/// over its own keys), or half the head dimension where the warpgroups split it.
+pub const fn wg_dq_cols(hdim: u32) -> u32 {
+    if splits_head_dim(hdim) { hdim / 2 } else { 64 }
+}
+
+/// Head dimensions with a backward kernel.
+pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
 
 /// Query rows per step of the main kernel. 64: at hdim 128 dK and dV of a warpgroup's
 /// 64 keys take 128 registers a thread; at hdim 64, 128 rows made `Sᵀ` and `dPᵀ` 128
@@ -141,8 +172,8 @@ impl DqOrder {
     /// (deterministic orders only). `ranges`: the local kernels' key ranges (window and
     /// documents), whose query blocks see a range of key blocks that ends where theirs does.
     #[inline(always)]
-    pub fn turn<D: Documents>(self, n: u32, m: u32, causal: bool, block_m: u32, seqlen_q: u32, seqlen_k: u32, ranges: Option<&KeyRanges<D>>) -> u32 {
-        let key_blocks = seqlen_k.div_ceil(BLOCK_N);
+    pub fn turn<D: Documents>(self, n: u32, m: u32, causal: bool, block_m: u32, block_n: u32, seqlen_q: u32, seqlen_k: u32, ranges: Option<&KeyRanges<D>>) -> u32 {
+        let key_blocks = seqlen_k.div_ceil(block_n);
         match self {
             // Arrival order at m: min(m, key_blocks - 1), then down, going round.
             DqOrder::Rotated => {
@@ -151,8 +182,8 @@ impl DqOrder {
             }
             _ => {
                 let end = match ranges {
-                    Some(r) => r.key_blocks_end((m * block_m) as i32, block_m, BLOCK_N),
-                    None => key_blocks_seeing(causal, m, block_m, BLOCK_N, seqlen_q, seqlen_k),
+                    Some(r) => r.key_blocks_end((m * block_m) as i32, block_m, block_n),
+                    None => key_blocks_seeing(causal, m, block_m, block_n, seqlen_q, seqlen_k),
                 };
                 end - 1 - n
             }
@@ -176,10 +207,10 @@ impl CtaSteps {
     /// `ranges`: the key ranges of a local kernel ([`crate::MaskKind::Local`]: `p`'s
     /// window and documents), `None` for the others.
     #[inline(always)]
-    pub fn new<D: Documents>(p: &BwdParams, n: u32, block_m: u32, ranges: Option<&KeyRanges<D>>) -> Self {
+    pub fn new<D: Documents>(p: &BwdParams, n: u32, block_m: u32, block_n: u32, ranges: Option<&KeyRanges<D>>) -> Self {
         let (first, end) = match ranges {
-            Some(r) => r.query_blocks(n, BLOCK_N, block_m),
-            None => (first_query_block(p.causal != 0, n, block_m, BLOCK_N, p.seqlen_q, p.seqlen_k), p.query_blocks(block_m)),
+            Some(r) => r.query_blocks(n, block_n, block_m),
+            None => (first_query_block(p.causal != 0, n, block_m, block_n, p.seqlen_q, p.seqlen_k), p.query_blocks(block_m)),
         };
         CtaSteps { order: p.dq_order_of(ranges.is_some()), n, first, end, kv_group: p.kv_group }
     }
@@ -401,10 +432,10 @@ impl BwdParams {
         }
     }
 
-    /// Key blocks of [`BLOCK_N`] keys.
+    /// Key blocks of `block_n` keys.
     #[inline(always)]
-    pub fn key_blocks(&self) -> u32 {
-        self.seqlen_k.div_ceil(BLOCK_N)
+    pub fn key_blocks(&self, block_n: u32) -> u32 {
+        self.seqlen_k.div_ceil(block_n)
     }
 
     /// Query blocks of `block_m` rows.
@@ -454,6 +485,14 @@ macro_rules! bwd_kernel_table {
             bwd_postprocess_hdim128_f16 => F16, hdim 128, Postprocess, None, Causal;
             bwd_postprocess_hdim64_bf16 => BF16, hdim 64, Postprocess, None, Causal;
             bwd_postprocess_hdim128_bf16 => BF16, hdim 128, Postprocess, None, Causal;
+            bwd_preprocess_hdim256_f16 => F16, hdim 256, Preprocess, None, Causal;
+            bwd_preprocess_hdim256_bf16 => BF16, hdim 256, Preprocess, None, Causal;
+            bwd_hdim256_f16 => F16, hdim 256, Main, None, Causal;
+            bwd_hdim256_bf16 => BF16, hdim 256, Main, None, Causal;
+            bwd_hdim256_f16_deterministic => F16, hdim 256, MainDeterministic, None, Causal;
+            bwd_hdim256_bf16_deterministic => BF16, hdim 256, MainDeterministic, None, Causal;
+            bwd_postprocess_hdim256_f16 => F16, hdim 256, Postprocess, None, Causal;
+            bwd_postprocess_hdim256_bf16 => BF16, hdim 256, Postprocess, None, Causal;
             bwd_hdim64_f16_softcap => F16, hdim 64, Main, Softcap, Causal;
             bwd_hdim64_f16_deterministic_softcap => F16, hdim 64, MainDeterministic, Softcap, Causal;
             bwd_hdim64_bf16_softcap => BF16, hdim 64, Main, Softcap, Causal;
@@ -538,7 +577,7 @@ macro_rules! bwd_entries {
             launch_bounds: if BwdStage::$stage.is_main() { THREADS } else { 0 },
             cluster: 1,
             consumer_wgs: if BwdStage::$stage.is_main() { MMA_WGS } else { 0 },
-            block_n: if BwdStage::$stage.is_main() { BLOCK_N } else { 0 },
+            block_n: if BwdStage::$stage.is_main() { block_n($hdim) } else { 0 },
             score_mod: crate::ScoreModKind::$score_mod,
             mask: crate::MaskKind::$mask,
         },)*]
@@ -563,26 +602,32 @@ pub fn find(stage: BwdStage, hdim: u32, dtype: DType, score_mod: crate::ScoreMod
 /// The dynamic shared memory of the main kernel, from its (1024 B aligned) base:
 ///
 /// ```text
-/// | K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | LSE stage 0, 1 | D stage 0, 1 | dQ pieces | barriers |
+/// | K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | Pᵀ | LSE stage 0, 1 | D stage 0, 1 | dQ pieces | barriers |
 /// ```
+/// `Pᵀ` only where the warpgroups split the head dimension ([`splits_head_dim`]); the dQ
+/// pieces only where they do not (split, each thread adds its dQ to global memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SmemLayout {
-    /// K and V of the CTA's key block (`BLOCK_N × hdim` each), one slot each.
+    /// K and V of the CTA's key block (`block_n × hdim` each), one slot each.
     pub k: crate::fa3::SmemRing,
     pub v: crate::fa3::SmemRing,
     /// Q and dO of a query block (`block_m × hdim`), [`STAGES`] slots each; the Q ring's
     /// stage also carries that block's LSE (log2), the dO ring's its D.
     pub q: crate::fa3::SmemRing,
     pub dout: crate::fa3::SmemRing,
-    /// `dSᵀ` of the current step (`BLOCK_N` rows of `block_m` elements, 128 B swizzled):
+    /// `dSᵀ` of the current step (`block_n` rows of `block_m` elements, 128 B swizzled):
     /// the A operand of `dQ = dS K`, written by both consumer warpgroups.
     pub ds: crate::fa3::SmemBuffer,
+    /// `Pᵀ` of the current step, laid out as `dSᵀ`: the A operand of `dV += Pᵀ dO` where
+    /// the warpgroups split the head dimension (empty elsewhere: `Pᵀ` stays in registers).
+    pub p: crate::fa3::SmemBuffer,
     /// `block_m` f32 per stage.
     pub lse: crate::fa3::SmemBuffer,
     pub dpsum: crate::fa3::SmemBuffer,
     /// Each consumer warpgroup's dQ piece ([`DQ_PIECE`] f32), staged for the dQ writer
     /// warp's bulk reduction into the accumulator: one slot per consumer warpgroup, with
-    /// its full (staged) and empty (read) barriers.
+    /// its full (staged) and empty (read) barriers. No slot where the head dimension is
+    /// split.
     pub dq: crate::fa3::SmemRing,
     /// Bytes to request at launch (with [`crate::fa3::SMEM_ALIGN`] of slack).
     pub total: u32,
@@ -590,28 +635,29 @@ pub struct SmemLayout {
 
 impl SmemLayout {
     pub const fn new(hdim: u32) -> Self {
-        use crate::fa3::{MBARRIER_BYTES, SMEM_ALIGN, SmemBuffer, SmemRing};
-        let bm = block_m(hdim);
-        let kv_bytes = BLOCK_N * hdim * 2;
+        use crate::fa3::{SMEM_ALIGN, SmemBuffer, SmemRing};
+        let (bm, bn, split) = (block_m(hdim), block_n(hdim), splits_head_dim(hdim));
+        let kv_bytes = bn * hdim * 2;
         let q_bytes = bm * hdim * 2;
         let k = SmemRing { data: 0, stage_bytes: kv_bytes, stages: 1, barriers: 0 };
         let v = SmemRing { data: kv_bytes, ..k };
         let q = SmemRing { data: 2 * kv_bytes, stage_bytes: q_bytes, stages: STAGES, barriers: 0 };
         let dout = SmemRing { data: q.slot(STAGES), ..q };
-        let ds = SmemBuffer { offset: dout.slot(STAGES), bytes: BLOCK_N * bm * 2 };
+        let ds = SmemBuffer { offset: dout.slot(STAGES), bytes: bn * bm * 2 };
+        let p = SmemBuffer { offset: ds.offset + ds.bytes, bytes: if split { ds.bytes } else { 0 } };
         let vec_bytes = bm * 4;
-        let lse = SmemBuffer { offset: ds.offset + ds.bytes, bytes: STAGES * vec_bytes };
+        let lse = SmemBuffer { offset: p.offset + p.bytes, bytes: STAGES * vec_bytes };
         let dpsum = SmemBuffer { offset: lse.offset + lse.bytes, bytes: STAGES * vec_bytes };
-        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: DQ_PIECE * 4, stages: MMA_WGS, barriers: 0 };
-        let barriers = dq.slot(MMA_WGS);
+        let dq_slots = if split { 0 } else { MMA_WGS };
+        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: DQ_PIECE * 4, stages: dq_slots, barriers: 0 };
+        let barriers = dq.slot(dq_slots);
         let k = SmemRing { barriers, ..k };
         let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
         let q = SmemRing { barriers: v.barriers + v.barrier_bytes(), ..q };
         let dout = SmemRing { barriers: q.barriers + q.barrier_bytes(), ..dout };
         let dq = SmemRing { barriers: dout.barriers + dout.barrier_bytes(), ..dq };
         let end = dq.barriers + dq.barrier_bytes();
-        let _ = MBARRIER_BYTES;
-        SmemLayout { k, v, q, dout, ds, lse, dpsum, dq, total: end + SMEM_ALIGN }
+        SmemLayout { k, v, q, dout, ds, p, lse, dpsum, dq, total: end + SMEM_ALIGN }
     }
 
     /// Bytes of one stage's f32 vector (LSE or D).
@@ -636,7 +682,12 @@ mod tests {
     /// With and without a sliding window, and with documents (window unbounded or not).
     #[test]
     fn deterministic_dq_turns_follow_arrival_and_launch_order() {
-        let bm = block_m(128);
+        for hdim in HEAD_DIMS {
+            deterministic_dq_turns_at(block_m(hdim), block_n(hdim));
+        }
+    }
+
+    fn deterministic_dq_turns_at(bm: u32, bn: u32) {
         let windows = [None, Some((Some(0), Some(0))), Some((Some(100), Some(0))), Some((Some(1000), None)), Some((None, Some(300))), Some((Some(64), Some(64))), Some((None, None))];
         for causal in [false, true] {
             for (sq, sk) in [(1u32, 1u32), (64, 128), (700, 1000), (1000, 700), (8192, 8192), (4096, 8192), (8192, 1000), (200, 5000), (5000, 129)] {
@@ -657,7 +708,7 @@ mod tests {
                     let docs: &[[u32; 2]] = if with_docs { &bounds } else { &[] };
                     let window = window.map(|(l, r)| KeyWindow::new(l, r, causal, sq, sk));
                     let ranges = window.map(|w| KeyRanges { window: w, seqlen_q: sq, seqlen_k: sk, docs });
-                    let (blocks, nb) = (sq.div_ceil(bm), sk.div_ceil(BLOCK_N));
+                    let (blocks, nb) = (sq.div_ceil(bm), sk.div_ceil(bn));
                     for sms in [132, 8] {
                         let order = DqOrder::choose(true, causal || window.is_some(), blocks, nb, sms);
                         assert!(order != DqOrder::Rotated || (!causal && window.is_none() && blocks >= nb && nb <= sms));
@@ -675,19 +726,19 @@ mod tests {
                         for x in 0..nb {
                             let n = order.key_block(x, nb);
                             let mut i = 0;
-                            CtaSteps::new(&p, n, bm, ranges.as_ref()).for_each(|_, m| {
-                                arrivals[m as usize].push((order.turn(n, m, causal, bm, sq, sk, ranges.as_ref()), i, x));
+                            CtaSteps::new(&p, n, bm, bn, ranges.as_ref()).for_each(|_, m| {
+                                arrivals[m as usize].push((order.turn(n, m, causal, bm, bn, sq, sk, ranges.as_ref()), i, x));
                                 i += 1;
                             });
                         }
                         for (m, a) in arrivals.iter_mut().enumerate() {
-                            let ctx = format!("{order:?} causal {causal} window {window:?} docs {with_docs} sq {sq} sk {sk} m {m}");
+                            let ctx = format!("{order:?} block_n {bn} causal {causal} window {window:?} docs {with_docs} sq {sq} sk {sk} m {m}");
                             let seeing = match ranges {
                                 Some(r) => {
-                                    let (lo, hi) = r.key_blocks(m as i32 * bm as i32, bm, BLOCK_N);
+                                    let (lo, hi) = r.key_blocks(m as i32 * bm as i32, bm, bn);
                                     hi.saturating_sub(lo)
                                 }
-                                None => key_blocks_seeing(causal, m as u32, bm, BLOCK_N, sq, sk),
+                                None => key_blocks_seeing(causal, m as u32, bm, bn, sq, sk),
                             };
                             assert_eq!(a.len() as u32, seeing, "{ctx}");
                             a.sort();
@@ -715,12 +766,12 @@ mod tests {
     fn query_block_cycle_matches_the_per_head_walk() {
         for causal in [false, true] {
             for (sq, sk, group) in [(1u32, 1u32, 1u32), (700, 1000, 3), (1000, 700, 2), (4096, 8192, 1), (8192, 1000, 4)] {
-                let (blocks, nb) = (sq.div_ceil(64), sk.div_ceil(BLOCK_N));
+                let (blocks, nb) = (sq.div_ceil(64), sk.div_ceil(block_n(128)));
                 for deterministic in [false, true] {
                     let order = DqOrder::choose(deterministic, causal, blocks, nb, 132);
                     let p = BwdParams { seqlen_q: sq, seqlen_k: sk, kv_group: group, causal: causal as u32, dq_order: order as u32, ..Default::default() };
                     for n in 0..nb {
-                        let steps = CtaSteps::new(&p, n, 64, None::<&KeyRanges<crate::window::NoDocuments>>);
+                        let steps = CtaSteps::new(&p, n, 64, block_n(128), None::<&KeyRanges<crate::window::NoDocuments>>);
                         let (mut a, mut b) = (std::vec::Vec::new(), std::vec::Vec::new());
                         steps.for_each(|h, m| a.push((h, m)));
                         steps.for_each_query_block(|step, m| b.push((steps.head_of(step), m)));
@@ -736,7 +787,7 @@ mod tests {
         for &hdim in &HEAD_DIMS {
             let l = SmemLayout::new(hdim);
             assert!(l.total <= MAX_SMEM, "hdim {hdim}: {} bytes", l.total);
-            for (name, off) in [("k", l.k.data), ("v", l.v.data), ("q", l.q.data), ("q1", l.q.slot(1)), ("dout", l.dout.data), ("dout1", l.dout.slot(1)), ("ds", l.ds.offset)] {
+            for (name, off) in [("k", l.k.data), ("v", l.v.data), ("q", l.q.data), ("q1", l.q.slot(1)), ("dout", l.dout.data), ("dout1", l.dout.slot(1)), ("ds", l.ds.offset), ("p", l.p.offset)] {
                 assert_eq!(off % 1024, 0, "hdim {hdim}: {name} at {off}");
             }
             assert_eq!(l.lse.offset % 16, 0, "bulk copies need 16-byte alignment");
@@ -744,8 +795,10 @@ mod tests {
             assert_eq!(l.dpsum.offset % 16, 0);
             assert_eq!(l.k.barriers % 8, 0);
             // Nothing overlaps: the regions are in increasing order.
-            let ends = [l.k.slot(1), l.v.slot(1), l.q.slot(STAGES), l.dout.slot(STAGES), l.ds.offset + l.ds.bytes, l.lse.offset + l.lse.bytes, l.dpsum.offset + l.dpsum.bytes, l.dq.slot(MMA_WGS), l.k.barriers];
-            let starts = [l.k.data, l.v.data, l.q.data, l.dout.data, l.ds.offset, l.lse.offset, l.dpsum.offset, l.dq.data, l.k.barriers];
+            assert_eq!(l.p.bytes != 0, splits_head_dim(hdim), "hdim {hdim}: Pᵀ in shared memory iff split");
+            assert_eq!(l.dq.stages == 0, splits_head_dim(hdim), "hdim {hdim}: dQ staged iff not split");
+            let ends = [l.k.slot(1), l.v.slot(1), l.q.slot(STAGES), l.dout.slot(STAGES), l.ds.offset + l.ds.bytes, l.p.offset + l.p.bytes, l.lse.offset + l.lse.bytes, l.dpsum.offset + l.dpsum.bytes, l.dq.slot(l.dq.stages), l.k.barriers];
+            let starts = [l.k.data, l.v.data, l.q.data, l.dout.data, l.ds.offset, l.p.offset, l.lse.offset, l.dpsum.offset, l.dq.data, l.k.barriers];
             // The barriers: K, V, Q, dO, dQ rings in a row, inside the allocation.
             assert_eq!(l.dq.barriers + l.dq.barrier_bytes() + crate::fa3::SMEM_ALIGN, l.total);
             for i in 1..starts.len() {

@@ -200,6 +200,9 @@ pub fn find_forward(hdim: u32, dtype: crate::DType) -> Option<&'static crate::Ke
     KERNELS.iter().find(|k| k.kind == crate::KernelKind::Forward && k.hdim == hdim && k.dtype == dtype)
 }
 
+/// Head dimensions with a variant backward kernel (the built-in backward also has 256).
+pub const BACKWARD_HEAD_DIMS: [u32; 2] = [64, 128];
+
 /// The backward main kernel of a variant.
 pub fn find_backward(hdim: u32, dtype: crate::DType, deterministic: bool) -> Option<&'static crate::KernelEntry> {
     let stage = if deterministic { crate::bwd::BwdStage::MainDeterministic } else { crate::bwd::BwdStage::Main };
@@ -259,7 +262,7 @@ mod tests {
                 let k = find_forward(hdim, dtype).expect("forward");
                 assert_eq!((k.score_mod, k.mask), (crate::ScoreModKind::User, crate::MaskKind::Causal));
             }
-            for hdim in crate::bwd::HEAD_DIMS {
+            for hdim in BACKWARD_HEAD_DIMS {
                 for det in [false, true] {
                     assert!(find_backward(hdim, dtype, det).is_some());
                 }

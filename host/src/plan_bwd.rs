@@ -224,7 +224,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
             opts.deterministic,
             opts.causal || mask.is_local(),
             (seqlen_q as u32).div_ceil(bwd::block_m(hdim as u32)),
-            (seqlen_k as u32).div_ceil(bwd::BLOCK_N),
+            (seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32)),
             sm_count,
         ) as u32,
         q_strides: strides(&t.q.layout),
@@ -281,7 +281,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         aux(pre, padded),
         Launch {
             kernel: main,
-            grid: ((seqlen_k as u32).div_ceil(bwd::BLOCK_N), hk, b),
+            grid: ((seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32)), hk, b),
             block: bwd::THREADS,
             smem_bytes: bwd::SmemLayout::new(hdim as u32).total,
         },
@@ -292,8 +292,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let map = |arg, d: &TensorDesc, rows| TensorMapSpec::bshd(arg, d.dtype, d.addr, &d.layout, rows, chunks);
     let tma = [
         map(Arg::Q, &t.q, block_m)?,
-        map(Arg::K, &t.k, bwd::BLOCK_N)?,
-        map(Arg::V, &t.v, bwd::BLOCK_N)?,
+        map(Arg::K, &t.k, bwd::block_n(hdim as u32))?,
+        map(Arg::V, &t.v, bwd::block_n(hdim as u32))?,
         map(Arg::DOut, &t.dout, block_m)?,
     ];
     Ok(BwdPlan { launches, params, tma })

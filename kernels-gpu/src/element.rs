@@ -120,6 +120,8 @@ pub trait Element {
     fn wgmma_rs_mn<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool);
     /// `wgmma` with A from registers and a K-major B from shared memory.
     fn wgmma_rs_k<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool);
+    /// `wgmma` with a K-major A and an MN-major B, both from shared memory.
+    fn wgmma_ss_k_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool);
     /// `wgmma` with A and B both MN-major in shared memory (tiles stored K-row by K-row).
     fn wgmma_ss_mn_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool);
     /// Unpacks one register of two elements into `f32`, the one first in memory first.
@@ -158,6 +160,10 @@ impl Element for F16 {
         acc.rs_f16::<0>(a, desc_b, scale_d)
     }
     #[inline(always)]
+    fn wgmma_ss_k_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool) {
+        acc.ss_f16::<1>(desc_a, desc_b, scale_d)
+    }
+    #[inline(always)]
     fn wgmma_ss_mn_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool) {
         acc.ss_f16_mn_a::<1>(desc_a, desc_b, scale_d)
     }
@@ -187,6 +193,10 @@ impl Element for BF16 {
     #[inline(always)]
     fn wgmma_rs_k<A: WgmmaAcc>(acc: &mut A, a: [u32; 4], desc_b: u64, scale_d: bool) {
         acc.rs_bf16::<0>(a, desc_b, scale_d)
+    }
+    #[inline(always)]
+    fn wgmma_ss_k_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool) {
+        acc.ss_bf16::<1>(desc_a, desc_b, scale_d)
     }
     #[inline(always)]
     fn wgmma_ss_mn_mn<A: WgmmaAcc>(acc: &mut A, desc_a: u64, desc_b: u64, scale_d: bool) {

@@ -96,8 +96,9 @@ macro_rules! bwd_main_entry {
                 struct Traits;
                 impl $crate::bwd::BwdTraits for Traits {
                     type Element = $crate::element::$dtype;
-                    type Scores = [$crate::softmax::Frag; $crate::common::bwd::block_m($d) as usize / 8];
-                    type KeyGrads = [$crate::softmax::Frag; $d / 8];
+                    type Scores = [$crate::softmax::Frag; $crate::common::bwd::wg_queries($d) as usize / 8];
+                    type KeyGrads = [$crate::softmax::Frag; $crate::common::bwd::wg_grad_cols($d) as usize / 8];
+                    type DqTile = [$crate::softmax::Frag; $crate::common::bwd::wg_dq_cols($d) as usize / 8];
                     const HDIM: u32 = $d;
                     const DETERMINISTIC: bool = $deterministic;
                     const SOFTCAP: bool = $softcap;

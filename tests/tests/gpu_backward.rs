@@ -79,7 +79,7 @@ fn window_of(c: &Case) -> Option<Window> {
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for dtype in DType::ALL {
-        for d in [64, 128] {
+        for d in [64, 128, 256] {
             for causal in [false, true] {
                 let base = Case::base(dtype, d, causal);
                 for s in [1, 17, 1000] {
@@ -91,7 +91,7 @@ fn cases() -> Vec<Case> {
             }
         }
     }
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         for causal in [false, true] {
             let base = Case::base(DType::BF16, d, causal);
             v.push(Case { sq: 333, sk: 257, hq: 4, hk: 2, strided: true, ..base.clone() });
@@ -99,8 +99,19 @@ fn cases() -> Vec<Case> {
             v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, ..base });
         }
     }
-    let base = Case::base(DType::F16, 128, true);
-    v.push(Case { b: 1, sq: 4097, sk: 4097, hq: 2, hk: 2, ..base });
+    for d in [128, 256] {
+        let base = Case::base(DType::F16, d, true);
+        v.push(Case { b: 1, sq: 4097, sk: 4097, hq: 2, hk: 2, ..base });
+    }
+    // hdim 256 (the warpgroups split the head dimension): the deterministic kernel where
+    // every CTA waits its turn at every block (no mask, more key blocks than fit the
+    // rotated order's rule), and sinks with their gradient.
+    for causal in [false, true] {
+        let base = Case::base(DType::BF16, 256, causal);
+        v.push(Case { sq: 200, sk: 2000, hq: 2, hk: 1, deterministic: true, ..base.clone() });
+        v.push(Case { sq: 300, sk: 1000, hq: 8, hk: 2, sinks: true, ..base.clone() });
+        v.push(Case { b: 3, sq: 700, sk: 1000, hq: 4, hk: 2, deterministic: true, sinks: true, ..base });
+    }
     // ALiBi (standard slopes; per (batch, head) when causal) and soft-capping at 1.5 (the
     // logits saturate), each on the same shapes: both dtypes, head dims and masks, GQA and
     // rows without keys, strided, and the deterministic kernels.

@@ -41,16 +41,18 @@ fn err(t: &BwdTensors, opts: &AttnOptions) -> AttnError {
 
 #[test]
 fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         let t = good(d);
+        // Keys per CTA: 128, or 64 where the warpgroups split the head dimension.
+        let bn = if d == 256 { 64 } else { 128 };
         let plan = plan_backward(&t, &AttnOptions::default().causal(true), 132).unwrap();
         let stages: Vec<_> = plan.launches.iter().map(|l| l.kernel.kind).collect();
         assert_eq!(
             stages,
             [BwdStage::Preprocess, BwdStage::Main, BwdStage::Postprocess].map(common::KernelKind::Backward).to_vec()
         );
-        // Main: one CTA per 128-key block, K/V head and batch.
-        assert_eq!(plan.launches[1].grid, (500u32.div_ceil(128), 2, 2));
+        // Main: one CTA per key block, K/V head and batch.
+        assert_eq!(plan.launches[1].grid, (500u32.div_ceil(bn), 2, 2));
         assert_eq!(plan.launches[1].block, bwd::THREADS);
         assert!(plan.launches[1].smem_bytes <= common::fa3::MAX_SMEM);
         // Pre: every padded query row; post: every query row.
@@ -64,13 +66,15 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
         assert_eq!((p.kv_group, p.causal, p.padded_rows), (4, 1, 320));
         assert!((p.softmax_scale - 1.0 / (d as f32).sqrt()).abs() < 1e-7);
         assert_eq!(plan.tma[0].box_dims, [64, 64, d as u32 / 64, 1, 1], "q: 64 query rows");
-        assert_eq!(plan.tma[1].box_dims, [64, 128, d as u32 / 64, 1, 1], "k: 128 keys");
+        assert_eq!(plan.tma[1].box_dims, [64, bn, d as u32 / 64, 1, 1], "k: a key block");
         assert_eq!(p.dq_order, DqOrder::Unordered as u32);
         let det = plan_backward(&t, &AttnOptions::default().deterministic(true), 132).unwrap();
         assert_eq!(det.params.dq_semaphore - t.workspace.0, ws.semaphores as u64);
         assert_eq!(det.launches[1].kernel.kind, common::KernelKind::Backward(BwdStage::MainDeterministic));
-        // 5 query blocks, 4 key blocks: the rotated order when all 4 CTAs of a head fit.
-        assert_eq!(det.params.dq_order, DqOrder::Rotated as u32);
+        // 5 query blocks, 4 key blocks: the rotated order when all 4 CTAs of a head fit
+        // (8 key blocks of 64 at hdim 256: more than the query blocks, so descending).
+        let rotated = if d == 256 { DqOrder::Descending } else { DqOrder::Rotated };
+        assert_eq!(det.params.dq_order, rotated as u32);
         let few_sms = plan_backward(&t, &AttnOptions::default().deterministic(true), 3).unwrap();
         assert_eq!(few_sms.params.dq_order, DqOrder::Descending as u32);
         let causal = plan_backward(&t, &AttnOptions::default().deterministic(true).causal(true), 132).unwrap();
@@ -79,20 +83,20 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
 }
 
 #[test]
-fn hdim_256_is_refused_with_the_head_dims_that_work() {
+fn hdim_96_is_refused_with_the_head_dims_that_work() {
     let mut t = good(128);
     for d in [&mut t.q, &mut t.out, &mut t.dout, &mut t.dq] {
-        *d = packed([2, 300, 8, 256], DType::BF16, 0);
+        *d = packed([2, 300, 8, 96], DType::BF16, 0);
     }
     for d in [&mut t.k, &mut t.v, &mut t.dk, &mut t.dv] {
-        *d = packed([2, 500, 2, 256], DType::BF16, 1);
+        *d = packed([2, 500, 2, 96], DType::BF16, 1);
     }
     // Give every tensor its own buffer again.
     for (i, d) in [&mut t.q, &mut t.k, &mut t.v, &mut t.out, &mut t.dout, &mut t.dq, &mut t.dk, &mut t.dv].into_iter().enumerate() {
         d.addr = 0x7f00_0000_0000 + ((i as u64 + 10) << 36);
     }
     t.workspace.1 = usize::MAX;
-    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::UnsupportedHeadDim { hdim: 256, supported } if supported == [64, 128]));
+    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::UnsupportedHeadDim { hdim: 96, supported } if supported == [64, 128, 256]));
 }
 
 #[test]
@@ -275,4 +279,23 @@ fn documents_pick_the_backward_document_kernels() {
     // At hdim 128 soft-capped documents have no backward kernel (it spilled).
     let t = BwdTensors { documents: Some(docs), ..good(128) };
     assert!(matches!(err(&t, &AttnOptions::default().softcap(10.0)), AttnError::Unsupported(m) if m.contains("Softcap and Document")));
+}
+
+#[test]
+fn hdim_256_variants_without_a_backward_kernel_are_refused_as_unsupported() {
+    let mut t = good(128);
+    for d in [&mut t.q, &mut t.out, &mut t.dout, &mut t.dq] {
+        *d = packed([2, 300, 8, 256], DType::BF16, 0);
+    }
+    for d in [&mut t.k, &mut t.v, &mut t.dk, &mut t.dv] {
+        *d = packed([2, 500, 2, 256], DType::BF16, 1);
+    }
+    for (i, d) in [&mut t.q, &mut t.k, &mut t.v, &mut t.out, &mut t.dout, &mut t.dq, &mut t.dk, &mut t.dv].into_iter().enumerate() {
+        d.addr = 0x7f00_0000_0000 + ((i as u64 + 10) << 36);
+    }
+    t.workspace.1 = usize::MAX;
+    assert!(plan_backward(&t, &AttnOptions::default().causal(true), 132).is_ok());
+    for opts in [AttnOptions::default().softcap(20.0), AttnOptions::default().window(Some(100), Some(0))] {
+        assert!(matches!(err(&t, &opts), AttnError::Unsupported(ref m) if m.contains("hdim 256")), "{opts:?}");
+    }
 }

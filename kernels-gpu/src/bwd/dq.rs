@@ -7,12 +7,17 @@
 //! layout: a per-element `red` from every thread made the backward bound by L2 atomics,
 //! and the consumers never wait on global memory).
 //!
+//! Where the consumer warpgroups split the head dimension (hdim 256), their dQ of a step
+//! (64 x 128 floats each) would need 64 KB of staging: there each thread adds its
+//! fragments with vector reductions ([`add_direct`], as FA3 does at hdim 256).
+//!
 //! By default the pieces are added in whatever order the CTAs come. In deterministic mode
 //! in a fixed order per query block ([`common::bwd::DqOrder`]): the writer waits on a
 //! per-(query block, head, batch) counter for its CTA's turn, adds, waits until the sums
 //! are done and hands the turn on, so the sums are bit-identical across runs.
 use super::producer::BwdStorage;
-use super::traits::{BwdTraits, DqPiece, DqSplit};
+use super::traits::{BwdTraits, DqSplit};
+use crate::fa3::traits::FragTile;
 use crate::fa3::barriers::NamedBarrier;
 use crate::ptx::compiler::opaque_u32;
 use crate::ptx::{fence, global, smem, tma};
@@ -35,15 +40,15 @@ impl DqStager {
     /// Stages consumer warpgroup `wg`'s piece for this step. Every thread of the
     /// warpgroup calls it.
     #[inline(always)]
-    pub fn stage(&mut self, storage: &BwdStorage, piece: &DqPiece, wg: u32, thread_in_wg: u32) {
+    pub fn stage<K: BwdTraits>(&mut self, storage: &BwdStorage, piece: &K::DqTile, wg: u32, thread_in_wg: u32) {
         let slot = storage.dq.slot(wg);
         // The writer has read the previous step's piece (a fresh barrier passes at once).
         storage.dq.empty(wg).wait(self.phase ^ 1);
         let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
-        for (j, frag) in piece.iter().enumerate() {
+        for j in 0..<K::DqTile as FragTile>::FRAGS {
             let at = slot.add(((warp * 8 + j as u32) * 32 + lane) * 16);
             // SAFETY: inside this warpgroup's slot; 16 B aligned.
-            unsafe { smem::st_v4_u32(at, frag.map(f32::to_bits)) };
+            unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
         }
         // The bulk reduction reads through the async proxy.
         fence::proxy_async_shared();
@@ -75,9 +80,9 @@ impl<K: BwdTraits> DqWriter<K> {
             }
             // (batch, head) of the accumulator and of the semaphores.
             let bh = batch * p.heads_q + head;
-            let semaphore = |bh: u32| p.dq_semaphore + 4 * (bh * p.query_blocks(K::BLOCK_M) + m) as u64;
+            let semaphore = |bh: u32| semaphore::<K>(p, bh, m);
             if K::DETERMINISTIC {
-                let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, p.seqlen_q, p.seqlen_k, ranges.as_ref());
+                let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k, ranges.as_ref());
                 // The whole warp polls (a warp-uniform loop); one load per poll.
                 // SAFETY: inside the host-sized semaphore array.
                 while unsafe { global::ld_acquire_u32(semaphore(bh)) } < turn {}
@@ -121,6 +126,55 @@ impl<K: BwdTraits> DqWriter<K> {
         // Shared memory must outlive the reductions' reads.
         if leader {
             tma::store_wait_read::<0>();
+        }
+    }
+}
+
+/// The deterministic mode's counter of query block `m` of (batch, head) `bh`.
+#[inline(always)]
+fn semaphore<K: BwdTraits>(p: &BwdParams, bh: u32, m: u32) -> u64 {
+    p.dq_semaphore + 4 * (bh * p.query_blocks(K::BLOCK_M) + m) as u64
+}
+
+/// Where the warpgroups split the head dimension: adds consumer warpgroup `wg`'s dQ of
+/// query block `m` of query head `head` (`BLOCK_M` rows by its columns, `DqSplit`) to the
+/// accumulator, each thread its fragments, in the accumulator's fragment order (one
+/// 16-byte reduction a fragment). In deterministic mode a warpgroup waits until both
+/// warpgroups of every CTA before it in the block's order have added theirs (two counts
+/// a CTA), and counts its own once its reductions are ordered before the release. Every
+/// thread of the warpgroup calls it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn add_direct<K: BwdTraits>(p: &BwdParams, dq: &K::DqTile, head: u32, batch: u32, m: u32, n_block: u32, wg: u32, thread_in_wg: u32) {
+    let bh = batch * p.heads_q + head;
+    if K::DETERMINISTIC {
+        let ranges = super::local_ranges::<K>(p, batch);
+        let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k, ranges.as_ref());
+        if thread_in_wg == 0 {
+            // SAFETY: inside the host-sized semaphore array.
+            while unsafe { global::ld_acquire_u32(semaphore::<K>(p, bh, m)) } < 2 * turn {}
+        }
+        // The warpgroup's reductions after the acquire.
+        NamedBarrier::Epilogue.sync(wg);
+    }
+    let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
+    let row = bh as u64 * p.padded_rows as u64 + (m * K::BLOCK_M) as u64;
+    let block = p.dq_accum + 4 * row * K::HDIM as u64;
+    let piece0 = DqSplit::of::<K>(wg).col0 / 64;
+    for j in 0..<K::DqTile as FragTile>::FRAGS as u32 {
+        let (piece, jj) = (piece0 + j / 8, j % 8);
+        let at = block + 4 * (piece * DQ_PIECE + ((warp * 8 + jj) * 32 + lane) * 4) as u64;
+        // SAFETY: inside this query block's accumulator (whole blocks are allocated);
+        // 16 B aligned.
+        unsafe { global::red_add_v4_f32(at, *dq.frag(j as usize)) };
+    }
+    if K::DETERMINISTIC {
+        // Every thread's reductions before the count.
+        fence::acq_rel_gpu();
+        NamedBarrier::Epilogue.sync(wg);
+        if thread_in_wg == 0 {
+            // SAFETY: as above.
+            unsafe { global::red_release_add_u32(semaphore::<K>(p, bh, m), 1) };
         }
     }
 }

@@ -1,10 +1,10 @@
 //! The backward epilogue: a warpgroup's dK (times the softmax scale) and dV, 64 keys
-//! each, rounded to the element type and stored from registers (rows past `seqlen_k`
+//! each (by its columns, [`WgTile`]), rounded to the element type and stored from registers (rows past `seqlen_k`
 //! dropped). Once per CTA, so no staging through shared memory.
 use super::mainloop::KeyBlockGrads;
-use super::traits::BwdTraits;
+use super::traits::{BwdTraits, WgTile};
 use crate::element::Element;
-use crate::fa3::traits::{FragTile, WARPGROUP_ROWS};
+use crate::fa3::traits::FragTile;
 use crate::ptx::global;
 use common::Strides;
 use common::bwd::BwdParams;
@@ -13,8 +13,9 @@ use common::bwd::BwdParams;
 #[inline(always)]
 pub fn store<K: BwdTraits>(p: &BwdParams, grads: &KeyBlockGrads<K>, n_block: u32, head_k: u32, batch: u32, wg: u32, thread_in_wg: u32) {
     let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
-    let key0 = n_block * K::BLOCK_N + wg * WARPGROUP_ROWS + warp * 16 + lane / 4;
-    let col_2t = 2 * (lane % 4);
+    let tile = WgTile::of::<K>(wg);
+    let key0 = n_block * K::BLOCK_N + tile.key0 + warp * 16 + lane / 4;
+    let col_2t = tile.col0 + 2 * (lane % 4);
     let store_tile = |base: u64, strides: Strides, tile: &K::KeyGrads, scale: f32| {
         let head_base = base + 2 * (batch as u64 * strides.batch + head_k as u64 * strides.head);
         for r in 0..2 {

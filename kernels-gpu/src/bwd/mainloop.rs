@@ -10,15 +10,21 @@
 //!    and Q MN-major B), and this warpgroup's piece of `dQ = dS K` (SS, both MN-major);
 //! 5. the dQ piece added to the fp32 accumulator in global memory by a bulk reduction
 //!    ([`super::dq`]).
-use super::dq::DqStager;
+//!
+//! Where the warpgroups split the head dimension (hdim 256, [`BwdTraits::SPLIT`]), each
+//! computes `Sᵀ` and `dPᵀ` for its half of the step's queries, and both write `Pᵀ` and
+//! `dSᵀ` to shared memory; then each computes dV, dK and dQ for its half of the columns
+//! (SS: `Pᵀ` and `dSᵀ` K-major A from shared memory) and adds its dQ to the accumulator
+//! with vector reductions.
+use super::dq::{DqStager, add_direct};
 use super::producer::BwdStorage;
-use super::traits::{BwdTraits, DqPiece, DqSplit};
+use super::traits::{BwdTraits, DqSplit, WgTile};
 use crate::element::Element;
 use crate::fa3::barriers::NamedBarrier;
-use crate::fa3::epilogue::stage_swizzled;
+use crate::fa3::epilogue::{stage_swizzled, stage_swizzled_at};
 use crate::fa3::gemm;
 use crate::fa3::pipeline::PipelineState;
-use crate::fa3::traits::{FragTile, ProbTile, ScoreTile, WARPGROUP_ROWS};
+use crate::fa3::traits::{FragTile, ProbTile, ScoreTile};
 use crate::ptx::compiler::opaque_u64;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{fence, math, smem};
@@ -105,7 +111,8 @@ pub struct KeyBlockGrads<K: BwdTraits> {
 pub struct Consumer<'a, K: BwdTraits> {
     pub p: &'a BwdParams,
     pub storage: BwdStorage,
-    /// This consumer warpgroup (0 or 1): its keys are `64 wg..64 wg + 64` of the block.
+    /// This consumer warpgroup (0 or 1): its keys are `64 wg..64 wg + 64` of the block
+    /// (where the warpgroups split the head dimension, its columns are: [`WgTile`]).
     pub wg: u32,
     pub thread_in_wg: u32,
     pub n_block: u32,
@@ -143,7 +150,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         self.storage.k.consumer_wait(PipelineState::new());
         self.storage.v.consumer_wait(PipelineState::new());
         let lane = self.thread_in_wg % 32;
-        let key_row = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
+        let key_row = (self.n_block * K::BLOCK_N + WgTile::of::<K>(self.wg).key0 + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
         let mut mask = KeyRowMask::new::<K>(p, key_row);
         if K::Variant::EXACT {
             // A user variant's exact key bound: each key row's first query is also the
@@ -154,9 +161,10 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 mask.min_query[r] = mask.min_query[r].max(first);
             }
         }
-        // ALiBi and user variants read each step's head from the step's index.
+        // ALiBi, user variants and the direct dQ reductions read each step's head from the
+        // step's index.
         steps.for_each_query_block(#[inline(always)] |step, m| {
-            let h = if K::ALIBI || K::Variant::ACTIVE { steps.head_of(step) } else { 0 };
+            let h = if K::ALIBI || K::Variant::ACTIVE || K::SPLIT { steps.head_of(step) } else { 0 };
             self.visit(&mut grads, &mask, h, m)
         });
         grads
@@ -201,13 +209,15 @@ impl<K: BwdTraits> Consumer<'_, K> {
     fn step(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, h: u32, m: u32, masked: bool) {
         let st = self.state;
         let s = &self.storage;
+        let tile = WgTile::of::<K>(self.wg);
         let (q_slot, do_slot) = (s.q.slot(st.index()), s.dout.slot(st.index()));
         // Descriptors are derived afresh each step (through an opaque base): hoisted out
         // of the loop, the per-k-step ones would pin dozens of registers.
-        let key_rows = sw128_rows(K::BLOCK_N, 0, self.wg * WARPGROUP_ROWS);
+        let key_rows = sw128_rows(K::BLOCK_N, 0, tile.key0);
         let k_desc = opaque_u64(k_major_sw128(s.k.slot(0).add(key_rows).0));
         let v_desc = opaque_u64(k_major_sw128(s.v.slot(0).add(key_rows).0));
-        let (q_desc, do_desc) = (k_major_sw128(q_slot.0), k_major_sw128(do_slot.0));
+        let query_rows = sw128_rows(K::BLOCK_M, 0, tile.query0);
+        let (q_desc, do_desc) = (k_major_sw128(q_slot.add(query_rows).0), k_major_sw128(do_slot.add(query_rows).0));
 
         // 1. Sᵀ = K Qᵀ, then dPᵀ = V dOᵀ, as two commit groups: Pᵀ is computed while
         // dPᵀ is still on the tensor cores.
@@ -243,13 +253,14 @@ impl<K: BwdTraits> Consumer<'_, K> {
         // k-step (two n-tiles) at a time, then dV += Pᵀ dO while dSᵀ is computed.
         let lane = self.thread_in_wg % 32;
         let col_2t = 2 * (lane % 4);
-        let (lse, dpsum) = (s.lse_slot::<K>(st.index()), s.dpsum_slot::<K>(st.index()));
-        let query0 = (m * K::BLOCK_M) as i32;
+        // This warpgroup's queries of the step: their LSE and D, and the first one.
+        let (lse, dpsum) = (s.lse_slot::<K>(st.index()).add(4 * tile.query0), s.dpsum_slot::<K>(st.index()).add(4 * tile.query0));
+        let query0 = (m * K::BLOCK_M + tile.query0) as i32;
         let steps = <<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS;
         // ALiBi: this lane's two key rows' diagonal queries (query `key − seqlen_k +
         // seqlen_q` is at distance 0), and the step's head's slope.
         let (alibi_diag, slope) = if K::ALIBI {
-            let key = (self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
+            let key = (self.n_block * K::BLOCK_N + tile.key0 + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
             let p = self.p;
             let head = self.head_k * p.kv_group + h;
             let at = p.alibi_slopes + 4 * (self.batch as u64 * p.alibi_batch_stride as u64 + head as u64);
@@ -263,7 +274,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         // User variants: the step's head, and this lane's first key row.
         let user = K::Variant::new(self.batch, self.head_k * self.p.kv_group + h);
         let user_call = VariantCall::of_bwd(self.p);
-        let user_key = self.n_block * K::BLOCK_N + self.wg * WARPGROUP_ROWS + (self.thread_in_wg / 32) * 16 + lane / 4;
+        let user_key = self.n_block * K::BLOCK_N + tile.key0 + (self.thread_in_wg / 32) * 16 + lane / 4;
         let mut probs = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
         for kb in 0..steps {
             // Soft-capping packs each pair of P as it is made, for dV, and keeps
@@ -320,9 +331,15 @@ impl<K: BwdTraits> Consumer<'_, K> {
             dp.fence_operand();
             issue_dp(&mut dp);
         }
-        Self::issue_dv(grads, &mut probs, do_b);
+        if !K::SPLIT {
+            Self::issue_dv(grads, &mut probs, do_b);
+        }
         // dPᵀ landed (dV may still run).
-        gemm::wait::<1>(&mut dp);
+        if K::SPLIT {
+            gemm::wait::<0>(&mut dp);
+        } else {
+            gemm::wait::<1>(&mut dp);
+        }
 
         // 3. dSᵀ = Pᵀ ∘ (dPᵀ − D), in place of dPᵀ, packed likewise.
         let mut dsf = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
@@ -338,6 +355,11 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 }
             }
             dsf.set_step(kb, dp.probs_step::<K::Element>(kb));
+        }
+
+        if K::SPLIT {
+            self.split_products(grads, &mut probs, &mut dsf, q_slot.0, do_slot.0, h, m);
+            return;
         }
 
         // 4. dSᵀ to shared memory, once the dQ products of the previous step have read
@@ -356,23 +378,14 @@ impl<K: BwdTraits> Consumer<'_, K> {
         });
         NamedBarrier::DsFree.sync_for(self.wg, shared);
         let packed = |j: usize, r: usize| dsf.step(j / 2)[2 * (j % 2) + r];
-        stage_swizzled(s.ds, K::BLOCK_N, self.wg * WARPGROUP_ROWS, self.thread_in_wg / 32, lane, <K::Scores as FragTile>::FRAGS, packed);
+        stage_swizzled(s.ds, K::BLOCK_N, tile.key0, self.thread_in_wg / 32, lane, <K::Scores as FragTile>::FRAGS, packed);
         // The dQ WGMMA reads dSᵀ through the async proxy.
         fence::proxy_async_shared();
         NamedBarrier::DsReady.sync_for(self.wg, shared);
 
-        // 5. This warpgroup's dQ piece = dS K. dSᵀ is stored key-row by key-row: dS is its
-        // MN-major transpose, from key row `key0`. K likewise, from key row `key0` and
-        // 64-column chunk `col0 / 64`.
-        let ds_desc = opaque_u64(mn_major_sw128(s.ds.add(sw128_rows(K::BLOCK_N, 0, split.key0)).0, K::BLOCK_N));
-        let kt_desc = opaque_u64(mn_major_sw128(s.k.slot(0).add(sw128_rows(K::BLOCK_N, split.col0 / 64, split.key0)).0, K::BLOCK_N));
-        let mut dq = DqPiece::zeroed();
-        dq.fence_operand();
-        gemm::issue(|| {
-            for kk in 0..split.keys / 16 {
-                K::Element::wgmma_ss_mn_mn(&mut dq, desc_add(ds_desc, mn_major_k_step(kk)), desc_add(kt_desc, mn_major_k_step(kk)), kk > 0);
-            }
-        });
+        // 5. This warpgroup's dQ piece = dS K.
+        let mut dq = K::DqTile::zeroed();
+        self.issue_dq(&mut dq, split);
         gemm::wait::<0>(&mut dq);
         grads.dv.fence_operand();
         grads.dk.fence_operand();
@@ -384,6 +397,75 @@ impl<K: BwdTraits> Consumer<'_, K> {
         self.state.advance();
 
         // 5. dQ: staged for the writer warp.
-        self.dq.stage(&self.storage, &dq, self.wg, self.thread_in_wg);
+        self.dq.stage::<K>(&self.storage, &dq, self.wg, self.thread_in_wg);
+    }
+
+    /// `dQ = dS K` for this warpgroup's part ([`DqSplit`]). dSᵀ is stored key-row by
+    /// key-row: dS is its MN-major transpose, from key row `key0`. K likewise, from key
+    /// row `key0` and 64-column chunk `col0 / 64`.
+    #[inline(always)]
+    fn issue_dq(&self, dq: &mut K::DqTile, split: DqSplit) {
+        let s = &self.storage;
+        let ds_desc = opaque_u64(mn_major_sw128(s.ds.add(sw128_rows(K::BLOCK_N, 0, split.key0)).0, K::BLOCK_N));
+        let kt_desc = opaque_u64(mn_major_sw128(s.k.slot(0).add(sw128_rows(K::BLOCK_N, split.col0 / 64, split.key0)).0, K::BLOCK_N));
+        dq.fence_operand();
+        gemm::issue(|| {
+            for kk in 0..split.keys / 16 {
+                K::Element::wgmma_ss_mn_mn(dq, desc_add(ds_desc, mn_major_k_step(kk)), desc_add(kt_desc, mn_major_k_step(kk)), kk > 0);
+            }
+        });
+    }
+
+    /// The rest of a step where the warpgroups split the head dimension: this
+    /// warpgroup's `Pᵀ` and `dSᵀ` (its queries of the step) to shared memory, then, once
+    /// both are there, dV, dK and dQ for its columns, all operands from shared memory;
+    /// dQ added to the accumulator by this warpgroup's threads.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn split_products(&mut self, grads: &mut KeyBlockGrads<K>, probs: &mut <K::Scores as ScoreTile>::Probs, dsf: &mut <K::Scores as ScoreTile>::Probs, q_slot: u32, do_slot: u32, h: u32, m: u32) {
+        let s = &self.storage;
+        let st = self.state;
+        let tile = WgTile::of::<K>(self.wg);
+        let (warp, lane) = (self.thread_in_wg / 32, self.thread_in_wg % 32);
+        // Both warpgroups' products of the previous step have read Pᵀ and dSᵀ.
+        NamedBarrier::DsFree.sync_for(self.wg, true);
+        let frags = <K::Scores as FragTile>::FRAGS;
+        stage_swizzled_at(s.p, K::BLOCK_N, 0, tile.query0, warp, lane, frags, |j, r| probs.step(j / 2)[2 * (j % 2) + r]);
+        stage_swizzled_at(s.ds, K::BLOCK_N, 0, tile.query0, warp, lane, frags, |j, r| dsf.step(j / 2)[2 * (j % 2) + r]);
+        // The WGMMAs read them through the async proxy.
+        fence::proxy_async_shared();
+        NamedBarrier::DsReady.sync_for(self.wg, true);
+
+        // dV += Pᵀ dO and dK += dSᵀ Q over the step's queries (K-major A, MN-major B from
+        // this warpgroup's 64-column chunks), then dQ = dS K.
+        let chunk = tile.col0 / 64;
+        let p_a = k_major_sw128(s.p.0);
+        let ds_a = k_major_sw128(s.ds.0);
+        let do_b = opaque_u64(mn_major_sw128(do_slot + sw128_rows(K::BLOCK_M, chunk, 0), K::BLOCK_M));
+        let q_b = opaque_u64(mn_major_sw128(q_slot + sw128_rows(K::BLOCK_M, chunk, 0), K::BLOCK_M));
+        grads.dv.fence_operand();
+        grads.dk.fence_operand();
+        gemm::issue(|| {
+            for kk in 0..K::BLOCK_M / 16 {
+                let a_step = k_major_k_step(K::BLOCK_N, kk);
+                K::Element::wgmma_ss_k_mn(&mut grads.dv, desc_add(p_a, a_step), desc_add(do_b, mn_major_k_step(kk)), true);
+            }
+            for kk in 0..K::BLOCK_M / 16 {
+                let a_step = k_major_k_step(K::BLOCK_N, kk);
+                K::Element::wgmma_ss_k_mn(&mut grads.dk, desc_add(ds_a, a_step), desc_add(q_b, mn_major_k_step(kk)), true);
+            }
+        });
+        let mut dq = K::DqTile::zeroed();
+        self.issue_dq(&mut dq, DqSplit::of::<K>(self.wg));
+        gemm::wait::<0>(&mut dq);
+        grads.dv.fence_operand();
+        grads.dk.fence_operand();
+        probs.fence_operand();
+        dsf.fence_operand();
+        // Done with this stage's Q and dO.
+        s.q.consumer_release(st);
+        s.dout.consumer_release(st);
+        self.state.advance();
+        add_direct::<K>(self.p, &dq, self.head_k * self.p.kv_group + h, self.batch, m, self.n_block, self.wg, self.thread_in_wg);
     }
 }

@@ -7,10 +7,11 @@
 //! - [`traits`]: the kernel's configuration ([`BwdTraits`]);
 //! - [`producer`]: the shared storage and the TMA loads (K, V once; Q + LSE, dO + D per
 //!   step);
-//! - [`mainloop`]: two consumer warpgroups, 64 keys each: `Sᵀ`, `dPᵀ`, `Pᵀ`, `dSᵀ`, dV,
-//!   dK and dQ per step;
+//! - [`mainloop`]: two consumer warpgroups, 64 keys each (at hdim 256 the same 64 keys,
+//!   half the head dimension each): `Sᵀ`, `dPᵀ`, `Pᵀ`, `dSᵀ`, dV, dK and dQ per step;
 //! - [`dq`]: dQ's fp32 accumulation: the consumers stage their pieces, a warp of the
-//!   producer warpgroup adds them (unordered, or in a fixed order per query block);
+//!   producer warpgroup adds them (unordered, or in a fixed order per query block); at
+//!   hdim 256 the consumers add theirs directly;
 //! - [`epilogue`]: dK and dV out;
 //! - [`preprocess`], [`postprocess`]: the launches before and after.
 pub mod dq;
@@ -60,7 +61,7 @@ pub(crate) fn local_ranges<K: BwdTraits>(p: &BwdParams, batch: u32) -> Option<Ke
 /// block the causal or unmasked call visits).
 #[inline(always)]
 pub(crate) fn cta_steps<K: BwdTraits>(p: &BwdParams, n_block: u32, batch: u32, ranges: Option<&KeyRanges<K::Docs>>) -> CtaSteps {
-    let steps = CtaSteps::new(p, n_block, K::BLOCK_M, ranges);
+    let steps = CtaSteps::new(p, n_block, K::BLOCK_M, K::BLOCK_N, ranges);
     if K::DETERMINISTIC || !K::Variant::ACTIVE {
         return steps;
     }
@@ -78,11 +79,11 @@ pub(crate) fn cta_steps<K: BwdTraits>(p: &BwdParams, n_block: u32, batch: u32, r
 pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let tid = sreg::thread_idx_x();
     let order = p.dq_order_of(K::LOCAL);
-    let n_block = order.key_block(sreg::block_idx_x(), p.key_blocks());
+    let n_block = order.key_block(sreg::block_idx_x(), p.key_blocks(K::BLOCK_N));
     let (head_k, batch) = (sreg::block_idx_y(), sreg::block_idx_z());
     let storage = BwdStorage::new::<K>();
     if tid == 0 {
-        storage.init(WARPGROUP_THREADS * MMA_WGS);
+        storage.init::<K>(WARPGROUP_THREADS * MMA_WGS);
         mbarrier::fence_init();
     }
     barrier::sync_threads();
@@ -97,7 +98,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
                 loader.load_kv(n_block, head_k, batch);
                 steps.for_each(|h, m| loader.load_step(&p, m, head_k * p.kv_group + h, batch));
             }
-        } else if tid / 32 == 1 {
+        } else if tid / 32 == 1 && !K::SPLIT {
             DqWriter::<K>::run(&p, &storage, n_block, head_k, batch, tid % 32);
         }
     } else {

@@ -20,6 +20,8 @@ pub struct BwdStorage {
     pub dout: TmaPipeline<STAGES>,
     /// `dSᵀ` of the current step.
     pub ds: SmemAddr,
+    /// `Pᵀ` of the current step, where the warpgroups split the head dimension.
+    pub p: SmemAddr,
     /// The LSE (log2) and D vectors, `BLOCK_M` f32 per stage.
     pub lse: SmemAddr,
     pub dpsum: SmemAddr,
@@ -40,6 +42,7 @@ impl BwdStorage {
             q: TmaPipeline::at(base, l.q, None),
             dout: TmaPipeline::at(base, l.dout, None),
             ds: base.add(l.ds.offset),
+            p: base.add(l.p.offset),
             lse: base.add(l.lse.offset),
             dpsum: base.add(l.dpsum.offset),
             dq: TmaPipeline::at(base, l.dq, None),
@@ -58,14 +61,17 @@ impl BwdStorage {
         self.dpsum.add(stage * K::VECTOR_BYTES)
     }
 
-    /// One thread, before first use: `consumers` releases per phase.
+    /// One thread, before first use: `consumers` releases per phase (no dQ slots where
+    /// the warpgroups split the head dimension).
     #[inline(always)]
-    pub fn init(&self, consumers: u32) {
+    pub fn init<K: BwdTraits>(&self, consumers: u32) {
         self.k.init(consumers);
         self.v.init(consumers);
         self.q.init(consumers);
         self.dout.init(consumers);
-        self.dq.init(1);
+        if !K::SPLIT {
+            self.dq.init(1);
+        }
     }
 }
 

@@ -7,18 +7,23 @@ use crate::fa3::mask::DocSource;
 use crate::fa3::variant::LogitHook;
 use crate::fa3::traits::{FragTile, ScoreTile};
 use crate::ptx::wgmma::WgmmaAcc;
-use crate::softmax::Frag;
+use crate::fa3::traits::WARPGROUP_ROWS;
 use common::bwd::{self, SmemLayout};
 
 /// One backward kernel configuration.
 pub trait BwdTraits: Copy + 'static {
     /// The 16-bit element type of Q, K, V, O, dO and the gradients.
     type Element: Element;
-    /// A consumer warpgroup's `Sᵀ` (and `dPᵀ`) accumulator: its 64 keys by `BLOCK_M`
-    /// queries, `BLOCK_M / 8` fragments.
+    /// A consumer warpgroup's `Sᵀ` (and `dPᵀ`) accumulator: its 64 keys by its queries
+    /// of the step (`common::bwd::wg_queries`: `BLOCK_M`, or half where the warpgroups
+    /// split the head dimension).
     type Scores: ScoreTile;
-    /// A consumer warpgroup's dK (and dV) accumulator: its 64 keys by `HDIM`.
+    /// A consumer warpgroup's dK (and dV) accumulator: its 64 keys by its columns
+    /// (`common::bwd::wg_grad_cols`).
     type KeyGrads: FragTile + WgmmaAcc;
+    /// A consumer warpgroup's dQ product per step: `BLOCK_M` query rows by
+    /// `common::bwd::wg_dq_cols` columns.
+    type DqTile: FragTile + WgmmaAcc;
     const HDIM: u32;
     /// dQ summed in a fixed order per query block, each CTA waiting for its turn
     /// (`dq_semaphore`, `common::bwd::DqOrder`).
@@ -44,7 +49,11 @@ pub trait BwdTraits: Copy + 'static {
     /// Query rows per step.
     const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
     /// Keys per CTA.
-    const BLOCK_N: u32 = bwd::BLOCK_N;
+    const BLOCK_N: u32 = bwd::block_n(Self::HDIM);
+    /// The consumer warpgroups share the block's keys and split the step's queries (for
+    /// `Sᵀ`, `dPᵀ`) and the head dimension (for dK, dV, dQ); `Pᵀ` and `dSᵀ` meet in
+    /// shared memory (`common::bwd::splits_head_dim`).
+    const SPLIT: bool = bwd::splits_head_dim(Self::HDIM);
     /// The shared-memory layout.
     const SMEM: SmemLayout = SmemLayout::new(Self::HDIM);
     /// Bytes of a Q or dO tile, and of a stage's LSE or D vector.
@@ -52,13 +61,33 @@ pub trait BwdTraits: Copy + 'static {
     const VECTOR_BYTES: u32 = SmemLayout::vector_bytes(Self::HDIM);
 }
 
-/// A warpgroup's piece of `dQ = dS K` per step: 64 query rows by 64 columns of the head
-/// dimension, summed over [`DqPiece`]'s keys.
-pub type DqPiece = [Frag; 8];
+/// Where a consumer warpgroup works in the CTA's block: its keys (of the score tiles, dK
+/// and dV), its queries of the step (of the score tiles) and its columns of dK and dV.
+#[derive(Clone, Copy)]
+pub struct WgTile {
+    /// First key of the block.
+    pub key0: u32,
+    /// First query of the step.
+    pub query0: u32,
+    /// First column of dK and dV.
+    pub col0: u32,
+}
+
+impl WgTile {
+    #[inline(always)]
+    pub fn of<K: BwdTraits>(wg: u32) -> Self {
+        if K::SPLIT {
+            WgTile { key0: 0, query0: wg * bwd::wg_queries(K::HDIM), col0: wg * bwd::wg_grad_cols(K::HDIM) }
+        } else {
+            WgTile { key0: wg * WARPGROUP_ROWS, query0: 0, col0: 0 }
+        }
+    }
+}
 
 /// Which part of the step's dQ (`BLOCK_M = 64` rows by `HDIM`) a consumer warpgroup
 /// computes: at hdim 128 columns `64 wg..64 wg + 64` over all the block's keys; at hdim 64
-/// every column over its own 64 keys (the two warpgroups' pieces then add up).
+/// every column over its own 64 keys (the two warpgroups' pieces then add up); at hdim 256
+/// columns `128 wg..128 wg + 128` over all the block's keys.
 #[derive(Clone, Copy)]
 pub struct DqSplit {
     /// First column.
@@ -71,8 +100,9 @@ pub struct DqSplit {
 impl DqSplit {
     #[inline(always)]
     pub fn of<K: BwdTraits>(wg: u32) -> Self {
-        const { assert!(K::BLOCK_M == 64 && (K::HDIM == 64 || K::HDIM == 128)) };
-        if K::HDIM == 128 { DqSplit { col0: 64 * wg, key0: 0, keys: K::BLOCK_N } } else { DqSplit { col0: 0, key0: 64 * wg, keys: 64 } }
+        const { assert!(K::BLOCK_M == 64 && (K::HDIM == 64 || K::HDIM == 128 || K::HDIM == 256)) };
+        let cols = bwd::wg_dq_cols(K::HDIM);
+        if K::HDIM == 64 { DqSplit { col0: 0, key0: 64 * wg, keys: 64 } } else { DqSplit { col0: cols * wg, key0: 0, keys: K::BLOCK_N } }
     }
 
     /// Whether both warpgroups add to the same elements (they split the keys).

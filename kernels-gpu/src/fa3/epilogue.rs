@@ -122,13 +122,20 @@ pub fn store<K: KernelTraits>(
 /// of warp `warp` (of the warpgroup).
 #[inline(always)]
 pub fn stage_swizzled(tile: SmemAddr, tile_rows: u32, row0: u32, warp: u32, lane: u32, frags: usize, packed: impl Fn(usize, usize) -> u32) {
+    stage_swizzled_at(tile, tile_rows, row0, 0, warp, lane, frags, packed)
+}
+
+/// As [`stage_swizzled`], into columns `col0..col0 + 8 frags` (`col0` a multiple of 16).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn stage_swizzled_at(tile: SmemAddr, tile_rows: u32, row0: u32, col0: u32, warp: u32, lane: u32, frags: usize, packed: impl Fn(usize, usize) -> u32) {
     // stmatrix x4 per two n-tiles: matrices (rows 0-7, n-tile j), (rows 8-15, j),
     // (rows 0-7, j + 1), (rows 8-15, j + 1) of this warp's 16 rows; this lane addresses
     // row `lane % 8` of matrix `lane / 8`.
     let m = lane / 8;
     let row = row0 + warp * 16 + (m % 2) * 8 + lane % 8;
     for j in (0..frags).step_by(2) {
-        let col = 8 * (j as u32 + m / 2);
+        let col = col0 + 8 * (j as u32 + m / 2);
         let r = [packed(j, 0), packed(j, 1), packed(j + 1, 0), packed(j + 1, 1)];
         // SAFETY: 16 B rows inside this warpgroup's rows of the staging tile; 16 B aligned
         // (a whole swizzle unit).

@@ -223,8 +223,8 @@ macro_rules! score_tile {
     )*};
 }
 
-// Key blocks of 64, 80 and 128.
-score_tile!(8, 10, 16);
+// Key blocks of 64, 80 and 128; the hdim-256 backward's 32 queries a warpgroup.
+score_tile!(4, 8, 10, 16);
 
 impl<const STEPS: usize> ProbTile for [[u32; 4]; STEPS] {
     const STEPS: usize = STEPS;

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# GPU machine: the hdim-256 backward's GPU tests, then its timings and cuDNN's in the same
+# call (steady state, fp16, the paper grid at hdim 256), then the rest of the backward suite.
+# usage: scripts/bwd256-run.sh [tests] [bench] [suite]
+source scripts/device-env.sh
+for step in "$@"; do
+  echo "=== $step ($(date -u +%H:%M:%S))"
+  case $step in
+    tests) FA3_REQUIRE_GPU=1 timeout 240 $B/gpu_backward d256 2>&1 | tee "$OUT/bwd256_tests.log" | grep -vE '^    |\.\.\. ok$' ; status=$((status | $?)) ;;
+    bench)
+      timeout 200 $B/fa3 bench --pass bwd --hdims 256 --csv "$OUT/bwd256_ours.csv" > "$TMP/ours.log" || status=1
+      cat "$TMP/ours.log"
+      timeout 240 python3 scripts/peers.py --pass bwd --backends torch-cudnn --hdims 256 --csv "$OUT/bwd256_cudnn.csv" > "$TMP/peers.log" 2>&1 || status=1
+      tail -n 15 "$TMP/peers.log" ;;
+    suite) FA3_REQUIRE_GPU=1 timeout 400 $B/gpu_backward 2>&1 | tee "$OUT/bwd_suite.log" | grep -vE '^    |\.\.\. ok$' ; status=$((status | $?)) ;;
+  esac
+done
+exit $status
