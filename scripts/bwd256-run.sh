@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GPU machine: the hdim-256 backward's GPU tests, then its timings and cuDNN's in the same
 # call (steady state, fp16, the paper grid at hdim 256), then the rest of the backward suite.
-# usage: scripts/bwd256-run.sh [tests] [bench] [suite]
+# usage: scripts/bwd256-run.sh [tests] [variants] [sanitize] [bench] [suite]
 source scripts/device-env.sh
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
-    tests) FA3_REQUIRE_GPU=1 timeout 240 $B/gpu_backward d256 2>&1 | tee "$OUT/bwd256_tests.log" | grep -vE '^    |\.\.\. ok$' ; status=$((status | $?)) ;;
+    tests) FA3_REQUIRE_GPU=1 timeout 300 $B/gpu_backward d256 2>&1 | tee "$OUT/bwd256_tests.log" | grep -vE '^    |\.\.\. ok$' ; status=$((status | $?)) ;;
+    variants) FA3_REQUIRE_GPU=1 timeout 200 $B/variants_device d256 2>&1 | tee "$OUT/variants256_tests.log" | grep -vE '^    |\.\.\. ok$' ; status=$((status | $?)) ;;
+    sanitize) B=$B OUT=$OUT scripts/sanitize.sh "1x300x2x256 --backward" "1x300x2x256 --causal --backward --deterministic" "1x200x2x256 --softcap 5 --window 40,0 --backward" || status=1 ;;
     bench)
       timeout 200 $B/fa3 bench --pass bwd --hdims 256 --csv "$OUT/bwd256_ours.csv" > "$TMP/ours.log" || status=1
       cat "$TMP/ours.log"

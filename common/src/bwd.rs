@@ -561,6 +561,42 @@ macro_rules! bwd_kernel_table {
             bwd_hdim64_bf16_softcap_document => BF16, hdim 64, Main, Softcap, Document;
             bwd_hdim64_f16_deterministic_softcap_document => F16, hdim 64, MainDeterministic, Softcap, Document;
             bwd_hdim64_bf16_deterministic_softcap_document => BF16, hdim 64, MainDeterministic, Softcap, Document;
+            bwd_hdim256_f16_softcap => F16, hdim 256, Main, Softcap, Causal;
+            bwd_hdim256_f16_deterministic_softcap => F16, hdim 256, MainDeterministic, Softcap, Causal;
+            bwd_hdim256_bf16_softcap => BF16, hdim 256, Main, Softcap, Causal;
+            bwd_hdim256_bf16_deterministic_softcap => BF16, hdim 256, MainDeterministic, Softcap, Causal;
+            bwd_hdim256_f16_alibi => F16, hdim 256, Main, Alibi, Causal;
+            bwd_hdim256_f16_deterministic_alibi => F16, hdim 256, MainDeterministic, Alibi, Causal;
+            bwd_hdim256_bf16_alibi => BF16, hdim 256, Main, Alibi, Causal;
+            bwd_hdim256_bf16_deterministic_alibi => BF16, hdim 256, MainDeterministic, Alibi, Causal;
+            bwd_hdim256_f16_local => F16, hdim 256, Main, None, Local;
+            bwd_hdim256_bf16_local => BF16, hdim 256, Main, None, Local;
+            bwd_hdim256_f16_deterministic_local => F16, hdim 256, MainDeterministic, None, Local;
+            bwd_hdim256_bf16_deterministic_local => BF16, hdim 256, MainDeterministic, None, Local;
+            bwd_hdim256_f16_softcap_local => F16, hdim 256, Main, Softcap, Local;
+            bwd_hdim256_f16_deterministic_softcap_local => F16, hdim 256, MainDeterministic, Softcap, Local;
+            bwd_hdim256_bf16_softcap_local => BF16, hdim 256, Main, Softcap, Local;
+            bwd_hdim256_bf16_deterministic_softcap_local => BF16, hdim 256, MainDeterministic, Softcap, Local;
+            bwd_hdim256_f16_alibi_local => F16, hdim 256, Main, Alibi, Local;
+            bwd_hdim256_f16_deterministic_alibi_local => F16, hdim 256, MainDeterministic, Alibi, Local;
+            bwd_hdim256_bf16_alibi_local => BF16, hdim 256, Main, Alibi, Local;
+            bwd_hdim256_bf16_deterministic_alibi_local => BF16, hdim 256, MainDeterministic, Alibi, Local;
+            bwd_hdim256_f16_softcap_alibi => F16, hdim 256, Main, SoftcapAlibi, Causal;
+            bwd_hdim256_f16_deterministic_softcap_alibi => F16, hdim 256, MainDeterministic, SoftcapAlibi, Causal;
+            bwd_hdim256_bf16_softcap_alibi => BF16, hdim 256, Main, SoftcapAlibi, Causal;
+            bwd_hdim256_bf16_deterministic_softcap_alibi => BF16, hdim 256, MainDeterministic, SoftcapAlibi, Causal;
+            bwd_hdim256_f16_softcap_alibi_local => F16, hdim 256, Main, SoftcapAlibi, Local;
+            bwd_hdim256_f16_deterministic_softcap_alibi_local => F16, hdim 256, MainDeterministic, SoftcapAlibi, Local;
+            bwd_hdim256_bf16_softcap_alibi_local => BF16, hdim 256, Main, SoftcapAlibi, Local;
+            bwd_hdim256_bf16_deterministic_softcap_alibi_local => BF16, hdim 256, MainDeterministic, SoftcapAlibi, Local;
+            bwd_hdim256_f16_document => F16, hdim 256, Main, None, Document;
+            bwd_hdim256_bf16_document => BF16, hdim 256, Main, None, Document;
+            bwd_hdim256_f16_deterministic_document => F16, hdim 256, MainDeterministic, None, Document;
+            bwd_hdim256_bf16_deterministic_document => BF16, hdim 256, MainDeterministic, None, Document;
+            bwd_hdim256_f16_softcap_document => F16, hdim 256, Main, Softcap, Document;
+            bwd_hdim256_bf16_softcap_document => BF16, hdim 256, Main, Softcap, Document;
+            bwd_hdim256_f16_deterministic_softcap_document => F16, hdim 256, MainDeterministic, Softcap, Document;
+            bwd_hdim256_bf16_deterministic_softcap_document => BF16, hdim 256, MainDeterministic, Softcap, Document;
         }
     };
 }
@@ -626,8 +662,9 @@ pub struct SmemLayout {
     pub dpsum: crate::fa3::SmemBuffer,
     /// Each consumer warpgroup's dQ piece ([`DQ_PIECE`] f32), staged for the dQ writer
     /// warp's bulk reduction into the accumulator: one slot per consumer warpgroup, with
-    /// its full (staged) and empty (read) barriers. No slot where the head dimension is
-    /// split.
+    /// its full (staged) and empty (read) barriers. Where the head dimension is split
+    /// the slots are empty (the consumers add their dQ themselves) and the barriers pass
+    /// the deterministic mode's turns between the writer warp and the consumers.
     pub dq: crate::fa3::SmemRing,
     /// Bytes to request at launch (with [`crate::fa3::SMEM_ALIGN`] of slack).
     pub total: u32,
@@ -648,9 +685,8 @@ impl SmemLayout {
         let vec_bytes = bm * 4;
         let lse = SmemBuffer { offset: p.offset + p.bytes, bytes: STAGES * vec_bytes };
         let dpsum = SmemBuffer { offset: lse.offset + lse.bytes, bytes: STAGES * vec_bytes };
-        let dq_slots = if split { 0 } else { MMA_WGS };
-        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: DQ_PIECE * 4, stages: dq_slots, barriers: 0 };
-        let barriers = dq.slot(dq_slots);
+        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: if split { 0 } else { DQ_PIECE * 4 }, stages: MMA_WGS, barriers: 0 };
+        let barriers = dq.slot(MMA_WGS);
         let k = SmemRing { barriers, ..k };
         let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
         let q = SmemRing { barriers: v.barriers + v.barrier_bytes(), ..q };
@@ -796,8 +832,8 @@ mod tests {
             assert_eq!(l.k.barriers % 8, 0);
             // Nothing overlaps: the regions are in increasing order.
             assert_eq!(l.p.bytes != 0, splits_head_dim(hdim), "hdim {hdim}: Pᵀ in shared memory iff split");
-            assert_eq!(l.dq.stages == 0, splits_head_dim(hdim), "hdim {hdim}: dQ staged iff not split");
-            let ends = [l.k.slot(1), l.v.slot(1), l.q.slot(STAGES), l.dout.slot(STAGES), l.ds.offset + l.ds.bytes, l.p.offset + l.p.bytes, l.lse.offset + l.lse.bytes, l.dpsum.offset + l.dpsum.bytes, l.dq.slot(l.dq.stages), l.k.barriers];
+            assert_eq!(l.dq.stage_bytes == 0, splits_head_dim(hdim), "hdim {hdim}: dQ staged iff not split");
+            let ends = [l.k.slot(1), l.v.slot(1), l.q.slot(STAGES), l.dout.slot(STAGES), l.ds.offset + l.ds.bytes, l.p.offset + l.p.bytes, l.lse.offset + l.lse.bytes, l.dpsum.offset + l.dpsum.bytes, l.dq.slot(MMA_WGS), l.k.barriers];
             let starts = [l.k.data, l.v.data, l.q.data, l.dout.data, l.ds.offset, l.p.offset, l.lse.offset, l.dpsum.offset, l.dq.data, l.k.barriers];
             // The barriers: K, V, Q, dO, dQ rings in a row, inside the allocation.
             assert_eq!(l.dq.barriers + l.dq.barrier_bytes() + crate::fa3::SMEM_ALIGN, l.total);

@@ -173,6 +173,10 @@ macro_rules! variant_bwd_kernel_table {
             variant_bwd_hdim128_f16_deterministic => F16, hdim 128, MainDeterministic, User, Causal;
             variant_bwd_hdim64_bf16_deterministic => BF16, hdim 64, MainDeterministic, User, Causal;
             variant_bwd_hdim128_bf16_deterministic => BF16, hdim 128, MainDeterministic, User, Causal;
+            variant_bwd_hdim256_f16 => F16, hdim 256, Main, User, Causal;
+            variant_bwd_hdim256_bf16 => BF16, hdim 256, Main, User, Causal;
+            variant_bwd_hdim256_f16_deterministic => F16, hdim 256, MainDeterministic, User, Causal;
+            variant_bwd_hdim256_bf16_deterministic => BF16, hdim 256, MainDeterministic, User, Causal;
         }
     };
 }
@@ -199,9 +203,6 @@ pub const SEPARATOR: &str = "__";
 pub fn find_forward(hdim: u32, dtype: crate::DType) -> Option<&'static crate::KernelEntry> {
     KERNELS.iter().find(|k| k.kind == crate::KernelKind::Forward && k.hdim == hdim && k.dtype == dtype)
 }
-
-/// Head dimensions with a variant backward kernel (the built-in backward also has 256).
-pub const BACKWARD_HEAD_DIMS: [u32; 2] = [64, 128];
 
 /// The backward main kernel of a variant.
 pub fn find_backward(hdim: u32, dtype: crate::DType, deterministic: bool) -> Option<&'static crate::KernelEntry> {
@@ -262,7 +263,7 @@ mod tests {
                 let k = find_forward(hdim, dtype).expect("forward");
                 assert_eq!((k.score_mod, k.mask), (crate::ScoreModKind::User, crate::MaskKind::Causal));
             }
-            for hdim in BACKWARD_HEAD_DIMS {
+            for hdim in crate::bwd::HEAD_DIMS {
                 for det in [false, true] {
                     assert!(find_backward(hdim, dtype, det).is_some());
                 }

@@ -282,7 +282,7 @@ fn documents_pick_the_backward_document_kernels() {
 }
 
 #[test]
-fn hdim_256_variants_without_a_backward_kernel_are_refused_as_unsupported() {
+fn hdim_256_variants_pick_their_split_main_kernels() {
     let mut t = good(128);
     for d in [&mut t.q, &mut t.out, &mut t.dout, &mut t.dq] {
         *d = packed([2, 300, 8, 256], DType::BF16, 0);
@@ -294,8 +294,13 @@ fn hdim_256_variants_without_a_backward_kernel_are_refused_as_unsupported() {
         d.addr = 0x7f00_0000_0000 + ((i as u64 + 10) << 36);
     }
     t.workspace.1 = usize::MAX;
-    assert!(plan_backward(&t, &AttnOptions::default().causal(true), 132).is_ok());
-    for opts in [AttnOptions::default().softcap(20.0), AttnOptions::default().window(Some(100), Some(0))] {
-        assert!(matches!(err(&t, &opts), AttnError::Unsupported(ref m) if m.contains("hdim 256")), "{opts:?}");
+    for (opts, name) in [
+        (AttnOptions::default().causal(true), "bwd_hdim256_bf16"),
+        (AttnOptions::default().softcap(20.0).deterministic(true), "bwd_hdim256_bf16_deterministic_softcap"),
+        (AttnOptions::default().window(Some(100), Some(0)), "bwd_hdim256_bf16_local"),
+    ] {
+        let plan = plan_backward(&t, &opts, 132).unwrap();
+        assert_eq!(plan.launches[1].kernel.name, name);
+        assert_eq!(plan.launches[1].grid.0, 500u32.div_ceil(64), "64-key blocks");
     }
 }

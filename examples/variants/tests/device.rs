@@ -29,7 +29,7 @@ struct Case {
     hq: usize,
     hk: usize,
     causal: bool,
-    /// Also the backward (hdim 64 and 128).
+    /// Also the backward.
     backward: bool,
     deterministic: bool,
     /// Attention sinks (one logit per head) with the variant.
@@ -71,7 +71,7 @@ fn cases() -> Vec<Case> {
                             continue;
                         }
                         let (hq, hk) = if sq == 1000 { (4, 1) } else { (4, 2) };
-                        v.push(Case { variant, dtype, d, b: 3, sq, sk, hq, hk, causal, backward: d != 256, deterministic: false, sinks: false });
+                        v.push(Case { variant, dtype, d, b: 3, sq, sk, hq, hk, causal, backward: true, deterministic: false, sinks: false });
                     }
                 }
             }
@@ -79,6 +79,7 @@ fn cases() -> Vec<Case> {
         let causal = variant == REL_BIAS;
         v.push(Case { variant, dtype: DType::BF16, d: 128, b: 2, sq: 700, sk: 700, hq: 2, hk: 2, causal, backward: true, deterministic: true, sinks: false });
         v.push(Case { variant, dtype: DType::F16, d: 64, b: 3, sq: 300, sk: 500, hq: 4, hk: 2, causal, backward: true, deterministic: false, sinks: true });
+        v.push(Case { variant, dtype: DType::F16, d: 256, b: 2, sq: 700, sk: 700, hq: 2, hk: 1, causal, backward: true, deterministic: true, sinks: true });
     }
     v
 }

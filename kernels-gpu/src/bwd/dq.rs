@@ -58,6 +58,41 @@ impl DqStager {
         }
         self.phase ^= 1;
     }
+
+    /// Where the warpgroups split the head dimension: adds consumer warpgroup `wg`'s dQ
+    /// of query block `m` of query head `head` (`BLOCK_M` rows by its columns, `DqSplit`)
+    /// to the accumulator, each thread its fragments, in the accumulator's fragment order
+    /// (one 16-byte reduction a fragment). In deterministic mode after the writer warp
+    /// said it is the CTA's turn (the slot's full barrier), and then signals the slot's
+    /// empty barrier once the warpgroup's reductions are ordered before it, for the
+    /// writer to release the turn. Every thread of the warpgroup calls it.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_direct<K: BwdTraits>(&mut self, p: &BwdParams, storage: &BwdStorage, dq: &K::DqTile, head: u32, batch: u32, m: u32, wg: u32, thread_in_wg: u32) {
+        if K::DETERMINISTIC {
+            storage.dq.full(wg).wait(self.phase);
+        }
+        let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
+        let row = (batch * p.heads_q + head) as u64 * p.padded_rows as u64 + (m * K::BLOCK_M) as u64;
+        let block = p.dq_accum + 4 * row * K::HDIM as u64;
+        let piece0 = DqSplit::of::<K>(wg).col0 / 64;
+        for j in 0..<K::DqTile as FragTile>::FRAGS as u32 {
+            let (piece, jj) = (piece0 + j / 8, j % 8);
+            let at = block + 4 * (piece * DQ_PIECE + ((warp * 8 + jj) * 32 + lane) * 4) as u64;
+            // SAFETY: inside this query block's accumulator (whole blocks are
+            // allocated); 16 B aligned.
+            unsafe { global::red_add_v4_f32(at, *dq.frag(j as usize)) };
+        }
+        if K::DETERMINISTIC {
+            // Every thread's reductions before the signal, and so before the release.
+            fence::acq_rel_gpu();
+            NamedBarrier::Epilogue.sync(wg);
+            if thread_in_wg == 0 {
+                storage.dq.empty(wg).arrive();
+            }
+            self.phase ^= 1;
+        }
+    }
 }
 
 /// The dQ writer: one warp of the producer warpgroup, on the producer's registers.
@@ -128,6 +163,38 @@ impl<K: BwdTraits> DqWriter<K> {
             tma::store_wait_read::<0>();
         }
     }
+
+    /// Deterministic mode where the warpgroups split the head dimension (they add their
+    /// dQ themselves, `DqStager::add_direct`): for every step, waits for the CTA's turn at
+    /// the query block, hands it to both warpgroups, waits until both have added, and
+    /// releases it. Every lane of the warp calls it.
+    #[inline(always)]
+    pub fn hand_turns(p: &BwdParams, storage: &BwdStorage, n_block: u32, head_k: u32, batch: u32, lane: u32) {
+        let mut phase = 0;
+        let ranges = super::local_ranges::<K>(p, batch);
+        super::cta_steps::<K>(p, n_block, batch, ranges.as_ref()).for_each(|h, m| {
+            let bh = batch * p.heads_q + head_k * p.kv_group + h;
+            let semaphore = semaphore::<K>(p, bh, m);
+            let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k, ranges.as_ref());
+            // SAFETY: inside the host-sized semaphore array.
+            while unsafe { global::ld_acquire_u32(semaphore) } < turn {}
+            if lane == 0 {
+                for wg in 0..MMA_WGS {
+                    storage.dq.full(wg).arrive();
+                }
+            }
+            for wg in 0..MMA_WGS {
+                storage.dq.empty(wg).wait(phase);
+            }
+            if lane == 0 {
+                // The warpgroups' reductions (fenced before their signals) before the count.
+                fence::acq_rel_gpu();
+                // SAFETY: as above.
+                unsafe { global::red_release_add_u32(semaphore, 1) };
+            }
+            phase ^= 1;
+        });
+    }
 }
 
 /// The deterministic mode's counter of query block `m` of (batch, head) `bh`.
@@ -136,45 +203,3 @@ fn semaphore<K: BwdTraits>(p: &BwdParams, bh: u32, m: u32) -> u64 {
     p.dq_semaphore + 4 * (bh * p.query_blocks(K::BLOCK_M) + m) as u64
 }
 
-/// Where the warpgroups split the head dimension: adds consumer warpgroup `wg`'s dQ of
-/// query block `m` of query head `head` (`BLOCK_M` rows by its columns, `DqSplit`) to the
-/// accumulator, each thread its fragments, in the accumulator's fragment order (one
-/// 16-byte reduction a fragment). In deterministic mode a warpgroup waits until both
-/// warpgroups of every CTA before it in the block's order have added theirs (two counts
-/// a CTA), and counts its own once its reductions are ordered before the release. Every
-/// thread of the warpgroup calls it.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub fn add_direct<K: BwdTraits>(p: &BwdParams, dq: &K::DqTile, head: u32, batch: u32, m: u32, n_block: u32, wg: u32, thread_in_wg: u32) {
-    let bh = batch * p.heads_q + head;
-    if K::DETERMINISTIC {
-        let ranges = super::local_ranges::<K>(p, batch);
-        let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k, ranges.as_ref());
-        if thread_in_wg == 0 {
-            // SAFETY: inside the host-sized semaphore array.
-            while unsafe { global::ld_acquire_u32(semaphore::<K>(p, bh, m)) } < 2 * turn {}
-        }
-        // The warpgroup's reductions after the acquire.
-        NamedBarrier::Epilogue.sync(wg);
-    }
-    let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
-    let row = bh as u64 * p.padded_rows as u64 + (m * K::BLOCK_M) as u64;
-    let block = p.dq_accum + 4 * row * K::HDIM as u64;
-    let piece0 = DqSplit::of::<K>(wg).col0 / 64;
-    for j in 0..<K::DqTile as FragTile>::FRAGS as u32 {
-        let (piece, jj) = (piece0 + j / 8, j % 8);
-        let at = block + 4 * (piece * DQ_PIECE + ((warp * 8 + jj) * 32 + lane) * 4) as u64;
-        // SAFETY: inside this query block's accumulator (whole blocks are allocated);
-        // 16 B aligned.
-        unsafe { global::red_add_v4_f32(at, *dq.frag(j as usize)) };
-    }
-    if K::DETERMINISTIC {
-        // Every thread's reductions before the count.
-        fence::acq_rel_gpu();
-        NamedBarrier::Epilogue.sync(wg);
-        if thread_in_wg == 0 {
-            // SAFETY: as above.
-            unsafe { global::red_release_add_u32(semaphore::<K>(p, bh, m), 1) };
-        }
-    }
-}

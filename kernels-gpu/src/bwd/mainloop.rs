@@ -16,7 +16,7 @@
 //! `dSᵀ` to shared memory; then each computes dV, dK and dQ for its half of the columns
 //! (SS: `Pᵀ` and `dSᵀ` K-major A from shared memory) and adds its dQ to the accumulator
 //! with vector reductions.
-use super::dq::{DqStager, add_direct};
+use super::dq::DqStager;
 use super::producer::BwdStorage;
 use super::traits::{BwdTraits, DqSplit, WgTile};
 use crate::element::Element;
@@ -466,6 +466,6 @@ impl<K: BwdTraits> Consumer<'_, K> {
         s.q.consumer_release(st);
         s.dout.consumer_release(st);
         self.state.advance();
-        add_direct::<K>(self.p, &dq, self.head_k * self.p.kv_group + h, self.batch, m, self.n_block, self.wg, self.thread_in_wg);
+        self.dq.add_direct::<K>(self.p, &self.storage, &dq, self.head_k * self.p.kv_group + h, self.batch, m, self.wg, self.thread_in_wg);
     }
 }

@@ -83,7 +83,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let (head_k, batch) = (sreg::block_idx_y(), sreg::block_idx_z());
     let storage = BwdStorage::new::<K>();
     if tid == 0 {
-        storage.init::<K>(WARPGROUP_THREADS * MMA_WGS);
+        storage.init(WARPGROUP_THREADS * MMA_WGS);
         mbarrier::fence_init();
     }
     barrier::sync_threads();
@@ -100,6 +100,8 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
             }
         } else if tid / 32 == 1 && !K::SPLIT {
             DqWriter::<K>::run(&p, &storage, n_block, head_k, batch, tid % 32);
+        } else if tid / 32 == 1 && K::DETERMINISTIC {
+            DqWriter::<K>::hand_turns(&p, &storage, n_block, head_k, batch, tid % 32);
         }
     } else {
         regs::alloc::<ConsumerRegs>();

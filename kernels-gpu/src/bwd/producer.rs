@@ -26,7 +26,9 @@ pub struct BwdStorage {
     pub lse: SmemAddr,
     pub dpsum: SmemAddr,
     /// The consumer warpgroups' dQ pieces, one slot each: full once staged, empty once
-    /// the dQ writer's reduction has read it (one arrival each).
+    /// the dQ writer's reduction has read it (one arrival each). Where the head dimension
+    /// is split, no data: in deterministic mode full is the writer's "your turn" and empty
+    /// the warpgroup's "added".
     pub dq: TmaPipeline<MMA_WGS>,
 }
 
@@ -61,17 +63,14 @@ impl BwdStorage {
         self.dpsum.add(stage * K::VECTOR_BYTES)
     }
 
-    /// One thread, before first use: `consumers` releases per phase (no dQ slots where
-    /// the warpgroups split the head dimension).
+    /// One thread, before first use: `consumers` releases per phase.
     #[inline(always)]
-    pub fn init<K: BwdTraits>(&self, consumers: u32) {
+    pub fn init(&self, consumers: u32) {
         self.k.init(consumers);
         self.v.init(consumers);
         self.q.init(consumers);
         self.dout.init(consumers);
-        if !K::SPLIT {
-            self.dq.init(1);
-        }
+        self.dq.init(1);
     }
 }
 
