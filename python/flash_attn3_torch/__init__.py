@@ -2,7 +2,7 @@
 
 `flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
 softcap=0.0, deterministic=False, return_lse=False, documents=None)` on CUDA tensors
-`[batch, seqlen, heads, head_dim]` (fp16/bf16, head_dim 64/128/256; the backward 64/128),
+`[batch, seqlen, heads, head_dim]` (fp16/bf16, head_dim 64/128/256, forward and backward),
 with `document_mask(ids)` for packed sequences, with autograd
 and `torch.compile` support: the forward and backward are `torch.library` custom ops
 (`flash_attn3::fwd`, `flash_attn3::bwd`) with fake implementations, so compiled graphs
