@@ -27,9 +27,8 @@ use common::KernelEntry;
 
 pub mod sass;
 
-/// PTX ISA version requested from llc (8.0: `wgmma`, `setmaxnreg`, `cp.async.bulk.tensor`;
-/// 8.1: vector `red`).
-pub const PTX_ISA: &str = "ptx81";
+/// PTX ISA version requested from llc (8.0: `wgmma`, `setmaxnreg`, `cp.async.bulk.tensor`).
+pub const PTX_ISA: &str = "ptx80";
 /// The GPU the kernels are built for.
 pub const SM: &str = "sm_90a";
 /// Full-unroll budget for LLVM: register arrays must only ever be indexed by constants.

@@ -14,8 +14,8 @@
 //! Where the warpgroups split the head dimension (hdim 256, [`BwdTraits::SPLIT`]), each
 //! computes `Sᵀ` and `dPᵀ` for its half of the step's queries, and both write `Pᵀ` and
 //! `dSᵀ` to shared memory; then each computes dV, dK and dQ for its half of the columns
-//! (SS: `Pᵀ` and `dSᵀ` K-major A from shared memory) and adds its dQ to the accumulator
-//! with vector reductions.
+//! (SS: `Pᵀ` and `dSᵀ` K-major A from shared memory) and stages its dQ in the step's Q or
+//! dO slot, which the products no longer need, for the dQ writer's bulk reduction.
 use super::dq::DqStager;
 use super::producer::BwdStorage;
 use super::traits::{BwdTraits, DqSplit, WgTile};
@@ -161,10 +161,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 mask.min_query[r] = mask.min_query[r].max(first);
             }
         }
-        // ALiBi, user variants and the direct dQ reductions read each step's head from the
-        // step's index.
+        // ALiBi and user variants read each step's head from the step's index.
         steps.for_each_query_block(#[inline(always)] |step, m| {
-            let h = if K::ALIBI || K::Variant::ACTIVE || K::SPLIT { steps.head_of(step) } else { 0 };
+            let h = if K::ALIBI || K::Variant::ACTIVE { steps.head_of(step) } else { 0 };
             self.visit(&mut grads, &mask, h, m)
         });
         grads
@@ -358,7 +357,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         }
 
         if K::SPLIT {
-            self.split_products(grads, &mut probs, &mut dsf, q_slot.0, do_slot.0, h, m);
+            self.split_products(grads, &mut probs, &mut dsf, q_slot.0, do_slot.0);
             return;
         }
 
@@ -419,16 +418,18 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// The rest of a step where the warpgroups split the head dimension: this
     /// warpgroup's `Pᵀ` and `dSᵀ` (its queries of the step) to shared memory, then, once
     /// both are there, dV, dK and dQ for its columns, all operands from shared memory;
-    /// dQ added to the accumulator by this warpgroup's threads.
+    /// once both warpgroups' products are done, dQ staged in the stage's Q (warpgroup 0)
+    /// or dO slot (1), which the dQ writer releases after adding it (with the consumers'
+    /// own releases: the slots are free once both came).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn split_products(&mut self, grads: &mut KeyBlockGrads<K>, probs: &mut <K::Scores as ScoreTile>::Probs, dsf: &mut <K::Scores as ScoreTile>::Probs, q_slot: u32, do_slot: u32, h: u32, m: u32) {
+    fn split_products(&mut self, grads: &mut KeyBlockGrads<K>, probs: &mut <K::Scores as ScoreTile>::Probs, dsf: &mut <K::Scores as ScoreTile>::Probs, q_slot: u32, do_slot: u32) {
         let s = &self.storage;
         let st = self.state;
         let tile = WgTile::of::<K>(self.wg);
         let (warp, lane) = (self.thread_in_wg / 32, self.thread_in_wg % 32);
-        // Both warpgroups' products of the previous step have read Pᵀ and dSᵀ.
-        NamedBarrier::DsFree.sync_for(self.wg, true);
+        // Both warpgroups' products of the previous step have read Pᵀ and dSᵀ (the
+        // barrier at its end).
         let frags = <K::Scores as FragTile>::FRAGS;
         stage_swizzled_at(s.p, K::BLOCK_N, 0, tile.query0, warp, lane, frags, |j, r| probs.step(j / 2)[2 * (j % 2) + r]);
         stage_swizzled_at(s.ds, K::BLOCK_N, 0, tile.query0, warp, lane, frags, |j, r| dsf.step(j / 2)[2 * (j % 2) + r]);
@@ -462,10 +463,13 @@ impl<K: BwdTraits> Consumer<'_, K> {
         grads.dk.fence_operand();
         probs.fence_operand();
         dsf.fence_operand();
-        // Done with this stage's Q and dO.
+        // Done reading this stage's Q, dO, LSE and D (the dQ writer's release follows
+        // once it has added the dQ staged there).
         s.q.consumer_release(st);
         s.dout.consumer_release(st);
+        // Both warpgroups' products are done: Q, dO, Pᵀ and dSᵀ are read.
+        NamedBarrier::DsFree.sync_for(self.wg, true);
+        self.dq.stage_split::<K>(&self.storage, &dq, st.index(), self.wg, self.thread_in_wg);
         self.state.advance();
-        self.dq.add_direct::<K>(self.p, &self.storage, &dq, self.head_k * self.p.kv_group + h, self.batch, m, self.wg, self.thread_in_wg);
     }
 }

@@ -10,8 +10,7 @@
 //! - [`mainloop`]: two consumer warpgroups, 64 keys each (at hdim 256 the same 64 keys,
 //!   half the head dimension each): `Sᵀ`, `dPᵀ`, `Pᵀ`, `dSᵀ`, dV, dK and dQ per step;
 //! - [`dq`]: dQ's fp32 accumulation: the consumers stage their pieces, a warp of the
-//!   producer warpgroup adds them (unordered, or in a fixed order per query block); at
-//!   hdim 256 the consumers add theirs directly;
+//!   producer warpgroup adds them (unordered, or in a fixed order per query block);
 //! - [`epilogue`]: dK and dV out;
 //! - [`preprocess`], [`postprocess`]: the launches before and after.
 pub mod dq;
@@ -36,15 +35,19 @@ use mainloop::Consumer;
 use producer::{BwdLoader, BwdStorage};
 pub use traits::BwdTraits;
 
-/// Registers per thread after `setmaxnreg`: the producer's one thread needs few, the
-/// consumers hold dK, dV, `Sᵀ` and `dPᵀ` (FA3's split for two consumer warpgroups).
-struct ProducerRegs;
-struct ConsumerRegs;
-impl regs::RegisterCount for ProducerRegs {
-    const N: u32 = 24;
+/// Registers per thread after `setmaxnreg`: the producer's one thread and the dQ writer
+/// need few, the consumers hold dK, dV, `Sᵀ` and `dPᵀ` (FA3's split for two consumer
+/// warpgroups). Where the warpgroups split the head dimension the deterministic writer
+/// derives each step's turn beside the stage's slot addresses and its two reductions: on
+/// 24 registers it spilled 8-16 bytes, so it gets 32 and the consumers 232 (what the
+/// producer frees is all the consumers can take: 128 x (168 - 32) >= 256 x (232 - 168)).
+struct ProducerRegs<K>(core::marker::PhantomData<K>);
+struct ConsumerRegs<K>(core::marker::PhantomData<K>);
+impl<K: BwdTraits> regs::RegisterCount for ProducerRegs<K> {
+    const N: u32 = if K::SPLIT && K::DETERMINISTIC { 32 } else { 24 };
 }
-impl regs::RegisterCount for ConsumerRegs {
-    const N: u32 = 240;
+impl<K: BwdTraits> regs::RegisterCount for ConsumerRegs<K> {
+    const N: u32 = if K::SPLIT && K::DETERMINISTIC { 232 } else { 240 };
 }
 
 /// The key ranges (window and documents) of batch `batch` in a local kernel; `None` in
@@ -83,13 +86,13 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let (head_k, batch) = (sreg::block_idx_y(), sreg::block_idx_z());
     let storage = BwdStorage::new::<K>();
     if tid == 0 {
-        storage.init(WARPGROUP_THREADS * MMA_WGS);
+        storage.init::<K>(WARPGROUP_THREADS * MMA_WGS);
         mbarrier::fence_init();
     }
     barrier::sync_threads();
     let wg = tid / WARPGROUP_THREADS;
     if wg == 0 {
-        regs::dealloc::<ProducerRegs>();
+        regs::dealloc::<ProducerRegs<K>>();
         let steps = cta_steps::<K>(&p, n_block, batch, local_ranges::<K>(&p, batch).as_ref());
         if tid == 0 {
             let mut loader = BwdLoader::<K>::new(TensorMaps(tma), storage);
@@ -98,13 +101,15 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
                 loader.load_kv(n_block, head_k, batch);
                 steps.for_each(|h, m| loader.load_step(&p, m, head_k * p.kv_group + h, batch));
             }
-        } else if tid / 32 == 1 && !K::SPLIT {
-            DqWriter::<K>::run(&p, &storage, n_block, head_k, batch, tid % 32);
-        } else if tid / 32 == 1 && K::DETERMINISTIC {
-            DqWriter::<K>::hand_turns(&p, &storage, n_block, head_k, batch, tid % 32);
+        } else if tid / 32 == 1 {
+            if K::SPLIT {
+                DqWriter::<K>::run_split(&p, &storage, n_block, head_k, batch, tid % 32);
+            } else {
+                DqWriter::<K>::run(&p, &storage, n_block, head_k, batch, tid % 32);
+            }
         }
     } else {
-        regs::alloc::<ConsumerRegs>();
+        regs::alloc::<ConsumerRegs<K>>();
         let (wg, thread_in_wg) = (wg - 1, tid % WARPGROUP_THREADS);
         let mut consumer = Consumer::<K> {
             p: &p,

@@ -4,6 +4,7 @@
 use super::traits::BwdTraits;
 use crate::fa3::pipeline::{PipelineState, TmaPipeline};
 use crate::fa3::storage::TensorMaps;
+use crate::ptx::compiler::opaque_u32;
 use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
 use crate::ptx::tma;
 use common::bwd::{BwdParams, BwdTensorMap, MMA_WGS, STAGES};
@@ -27,17 +28,28 @@ pub struct BwdStorage {
     pub dpsum: SmemAddr,
     /// The consumer warpgroups' dQ pieces, one slot each: full once staged, empty once
     /// the dQ writer's reduction has read it (one arrival each). Where the head dimension
-    /// is split, no data: in deterministic mode full is the writer's "your turn" and empty
-    /// the warpgroup's "added".
+    /// is split, no data ([`BwdStorage::dq_split_slot`]): full barrier `s` counts both
+    /// warpgroups' dQ of Q stage `s`.
     pub dq: TmaPipeline<MMA_WGS>,
 }
 
 impl BwdStorage {
     #[inline(always)]
     pub fn new<K: BwdTraits>() -> Self {
+        Self::at::<K>(align_up(dynamic_smem_base(), SMEM_ALIGN))
+    }
+
+    /// As [`BwdStorage::new`], every address derived afresh from an opaque base: for the
+    /// dQ writer, on 24 registers, where the loop-invariant addresses would stay live.
+    #[inline(always)]
+    pub fn rederived<K: BwdTraits>() -> Self {
+        Self::at::<K>(SmemAddr(opaque_u32(align_up(dynamic_smem_base(), SMEM_ALIGN).0)))
+    }
+
+    #[inline(always)]
+    fn at<K: BwdTraits>(base: SmemAddr) -> Self {
         const { assert!(K::SMEM.total <= MAX_SMEM) };
         let l = K::SMEM;
-        let base = align_up(dynamic_smem_base(), SMEM_ALIGN);
         BwdStorage {
             k: TmaPipeline::at(base, l.k, None),
             v: TmaPipeline::at(base, l.v, None),
@@ -63,14 +75,33 @@ impl BwdStorage {
         self.dpsum.add(stage * K::VECTOR_BYTES)
     }
 
-    /// One thread, before first use: `consumers` releases per phase.
+    /// One thread, before first use: `consumers` releases per phase. Where the
+    /// warpgroups split the head dimension, a stage's Q and dO slots take its dQ once the
+    /// products are done, so the dQ writer releases them too (one more arrival) once it
+    /// has added that dQ, and a dQ slot's full barrier counts both warpgroups' dQ of a
+    /// stage.
     #[inline(always)]
-    pub fn init(&self, consumers: u32) {
+    pub fn init<K: BwdTraits>(&self, consumers: u32) {
         self.k.init(consumers);
         self.v.init(consumers);
-        self.q.init(consumers);
-        self.dout.init(consumers);
-        self.dq.init(1);
+        let q_releases = if K::SPLIT { consumers + 1 } else { consumers };
+        self.q.init(q_releases);
+        self.dout.init(q_releases);
+        if K::SPLIT {
+            for s in 0..STAGES {
+                self.dq.full(s).init(MMA_WGS);
+            }
+        } else {
+            self.dq.init(1);
+        }
+    }
+
+    /// Where the warpgroups split the head dimension: the slot that takes warpgroup
+    /// `wg`'s dQ of stage `stage` (half the head dimension, `BLOCK_M` x `HDIM / 2` f32 in
+    /// the accumulator's order: the 32 KB of the stage's Q slot, or of its dO slot).
+    #[inline(always)]
+    pub fn dq_split_slot(&self, stage: u32, wg: u32) -> SmemAddr {
+        if wg == 0 { self.q.slot(stage) } else { self.dout.slot(stage) }
     }
 }
 

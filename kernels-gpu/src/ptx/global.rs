@@ -136,19 +136,6 @@ pub unsafe fn red_add_f32(addr: u64, v: f32) {
     unsafe { asm!("red.relaxed.gpu.global.add.f32 [{0}], {1};", in(reg64) addr, in(reg32) v, options(nostack)) };
 }
 
-/// Adds four `f32` to four consecutive floats at a global address (one vector reduction,
-/// sm_90; relaxed, GPU scope), without returning the old values.
-///
-/// # Safety
-/// `addr` must be a valid, 16-byte aligned global address.
-#[inline(always)]
-pub unsafe fn red_add_v4_f32(addr: u64, v: [f32; 4]) {
-    unsafe {
-        asm!("red.relaxed.gpu.global.add.v4.f32 [{0}], {{{1}, {2}, {3}, {4}}};",
-             in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
-    };
-}
-
 /// Loads a u32 with acquire semantics at GPU scope: what the thread that released it
 /// wrote before is visible after.
 ///
