@@ -383,16 +383,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         NamedBarrier::DsReady.sync_for(self.wg, shared);
 
         // 5. This warpgroup's dQ piece = dS K.
-        let mut dq = K::DqTile::zeroed();
-        self.issue_dq(&mut dq, split);
-        gemm::wait::<0>(&mut dq);
-        grads.dv.fence_operand();
-        grads.dk.fence_operand();
-        probs.fence_operand();
-        dsf.fence_operand();
-        // Done with this stage's Q and dO.
-        s.q.consumer_release(st);
-        s.dout.consumer_release(st);
+        let dq = self.finish_products(grads, &mut probs, &mut dsf, split);
         self.state.advance();
 
         // 5. dQ: staged for the writer warp.
@@ -413,6 +404,22 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 K::Element::wgmma_ss_mn_mn(dq, desc_add(ds_desc, mn_major_k_step(kk)), desc_add(kt_desc, mn_major_k_step(kk)), kk > 0);
             }
         });
+    }
+
+    /// Issues this warpgroup's dQ product, waits for every product of the step, and
+    /// releases the stage's Q and dO (with their LSE and D), which it has read.
+    #[inline(always)]
+    fn finish_products(&mut self, grads: &mut KeyBlockGrads<K>, probs: &mut <K::Scores as ScoreTile>::Probs, dsf: &mut <K::Scores as ScoreTile>::Probs, split: DqSplit) -> K::DqTile {
+        let mut dq = K::DqTile::zeroed();
+        self.issue_dq(&mut dq, split);
+        gemm::wait::<0>(&mut dq);
+        grads.dv.fence_operand();
+        grads.dk.fence_operand();
+        probs.fence_operand();
+        dsf.fence_operand();
+        self.storage.q.consumer_release(self.state);
+        self.storage.dout.consumer_release(self.state);
+        dq
     }
 
     /// The rest of a step where the warpgroups split the head dimension: this
@@ -456,17 +463,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 K::Element::wgmma_ss_k_mn(&mut grads.dk, desc_add(ds_a, a_step), desc_add(q_b, mn_major_k_step(kk)), true);
             }
         });
-        let mut dq = K::DqTile::zeroed();
-        self.issue_dq(&mut dq, DqSplit::of::<K>(self.wg));
-        gemm::wait::<0>(&mut dq);
-        grads.dv.fence_operand();
-        grads.dk.fence_operand();
-        probs.fence_operand();
-        dsf.fence_operand();
-        // Done reading this stage's Q, dO, LSE and D (the dQ writer's release follows
-        // once it has added the dQ staged there).
-        s.q.consumer_release(st);
-        s.dout.consumer_release(st);
+        // (The dQ writer's release of Q and dO follows once it has added the dQ staged
+        // there.)
+        let dq = self.finish_products(grads, probs, dsf, DqSplit::of::<K>(self.wg));
         // Both warpgroups' products are done: Q, dO, Pᵀ and dSᵀ are read.
         NamedBarrier::DsFree.sync_for(self.wg, true);
         self.dq.stage_split::<K>(&self.storage, &dq, st.index(), self.wg, self.thread_in_wg);
