@@ -256,8 +256,8 @@ pub struct Grads {
 /// output `out` and LSE `lse` (as [`flash_attn_func`] returned them, with the same
 /// `opts`) and `dout`, the loss's gradient with respect to `out` (q's shape and dtype).
 ///
-/// The recompute backward: no `seqlen_q x seqlen_k` matrix is stored. Head dims 64 and
-/// 128; f16 or bf16; any sequence lengths; causal (bottom-right) or not; MQA/GQA. Rows
+/// The recompute backward: no `seqlen_q x seqlen_k` matrix is stored. Head dims 64, 128
+/// and 256; f16 or bf16; any sequence lengths; causal (bottom-right) or not; MQA/GQA. Rows
 /// with LSE = +inf (no visible key) contribute nothing. Scratch is allocated on `stream`
 /// for the call; [`flash_attn_backward_into`] takes a caller-owned workspace instead.
 /// Nothing is written but the returned tensors. Asynchronous with respect to the host.
