@@ -641,7 +641,8 @@ pub fn find(stage: BwdStage, hdim: u32, dtype: DType, score_mod: crate::ScoreMod
 /// | K | V | Q stage 0, 1 | dO stage 0, 1 | dSᵀ | Pᵀ | LSE stage 0, 1 | D stage 0, 1 | dQ pieces | barriers |
 /// ```
 /// `Pᵀ` only where the warpgroups split the head dimension ([`splits_head_dim`]); the dQ
-/// pieces only where they do not (split, each thread adds its dQ to global memory).
+/// pieces only where they do not (split, each warpgroup stages its dQ in the step's Q or
+/// dO slot once the step's products are done).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SmemLayout {
     /// K and V of the CTA's key block (`block_n × hdim` each), one slot each.
@@ -663,8 +664,8 @@ pub struct SmemLayout {
     /// Each consumer warpgroup's dQ piece ([`DQ_PIECE`] f32), staged for the dQ writer
     /// warp's bulk reduction into the accumulator: one slot per consumer warpgroup, with
     /// its full (staged) and empty (read) barriers. Where the head dimension is split
-    /// the slots are empty (the consumers add their dQ themselves) and the barriers pass
-    /// the deterministic mode's turns between the writer warp and the consumers.
+    /// the slots are empty (dQ is staged in the Q and dO slots) and full barrier `s`
+    /// counts both warpgroups' dQ of Q stage `s`.
     pub dq: crate::fa3::SmemRing,
     /// Bytes to request at launch (with [`crate::fa3::SMEM_ALIGN`] of slack).
     pub total: u32,

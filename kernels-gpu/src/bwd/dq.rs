@@ -11,9 +11,8 @@
 //! (64 x 128 floats each, 64 KB) has no room of its own in shared memory: it is staged in
 //! the step's Q and dO slots, which the products no longer read once both warpgroups are
 //! done, and the writer releases those slots to the producer (beside the consumers'
-//! releases) after adding it. (Vector
-//! reductions from registers, FA3's way at hdim 256, made the kernel bound by L2's
-//! reduction rate: without them it ran 1.46x faster.)
+//! releases) after adding it. (Vector reductions from registers, FA3's way at hdim 256,
+//! made the kernel bound by L2's reduction rate: without them it ran 1.46x faster.)
 //!
 //! By default the pieces are added in whatever order the CTAs come. In deterministic mode
 //! in a fixed order per query block ([`common::bwd::DqOrder`]): the writer waits on a

@@ -1,6 +1,7 @@
 //! The backward epilogue: a warpgroup's dK (times the softmax scale) and dV, 64 keys
-//! each (by its columns, [`WgTile`]), rounded to the element type and stored from registers (rows past `seqlen_k`
-//! dropped). Once per CTA, so no staging through shared memory.
+//! each (by its columns, [`WgTile`]), rounded to the element type and stored from
+//! registers (rows past `seqlen_k` dropped). Once per CTA, so no staging through shared
+//! memory.
 use super::mainloop::KeyBlockGrads;
 use super::traits::{BwdTraits, WgTile};
 use crate::element::Element;
