@@ -215,6 +215,13 @@ impl CtaSteps {
         CtaSteps { order: p.dq_order_of(ranges.is_some()), n, first, end, kv_group: p.kv_group }
     }
 
+    /// The steps of a block-sparse CTA of key block `n`: entries `0..blocks` of its list
+    /// (the kernel maps each to its query block), for each query head of the group.
+    #[inline(always)]
+    pub const fn listed(n: u32, blocks: u32, kv_group: u32) -> Self {
+        CtaSteps { order: DqOrder::Unordered, n, first: 0, end: blocks, kv_group }
+    }
+
     /// The steps from query block `first` on (a user variant's bound on the keys each
     /// row sees: the blocks before it see none of this CTA's keys).
     #[inline(always)]
@@ -395,6 +402,8 @@ pub struct BwdParams {
     pub sink_partials: u64,
     /// User-defined variants (`ScoreModKind::User`): the buffer their functions read.
     pub variant: crate::variant::VariantArgs,
+    /// Block-sparse kernels (`MaskKind::Sparse`): each key block's query blocks.
+    pub block_mask: crate::sparse::BlockMaskArgs,
 }
 
 impl BwdParams {

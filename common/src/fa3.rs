@@ -69,8 +69,16 @@ pub const fn tiles_end_at_last_row(block_m: u32, block_n: u32) -> bool {
 /// row ([`tiles_end_at_last_row`]). Shared by the kernels and their tests.
 #[inline(always)]
 pub fn tile_row0(p: &FwdParams, m_block: u32, block_m: u32, block_n: u32) -> i32 {
+    // Not through `tile_row_shift`: ptxas got other instructions for it at hdim 256.
     let shift = if tiles_end_at_last_row(block_m, block_n) && p.causal != 0 { (block_m - p.seqlen_q % block_m) % block_m } else { 0 };
     (m_block * block_m) as i32 - shift as i32
+}
+
+/// How many rows before row 0 the first tile starts ([`tile_row0`]; the host's block
+/// masks follow the kernels' tiles).
+#[inline(always)]
+pub const fn tile_row_shift(causal: bool, seqlen_q: u32, block_m: u32, block_n: u32) -> u32 {
+    if tiles_end_at_last_row(block_m, block_n) && causal { (block_m - seqlen_q % block_m) % block_m } else { 0 }
 }
 
 /// Whether a kernel keeps Q in registers (see [`Q_IN_REGISTERS`]): hdim 128. The

@@ -30,6 +30,7 @@ pub mod bwd;
 pub mod fa3;
 pub mod fp8;
 pub mod gmma;
+pub mod sparse;
 pub mod variant;
 pub mod window;
 
@@ -55,6 +56,9 @@ pub enum KernelKind {
     /// The FP8 quantization kernel (parameters: [`fp8::QuantizeParams`]); the entry's
     /// `dtype` is the input's.
     Fp8Quantize,
+    /// A variant's block-mask build kernel (parameters: [`sparse::BuildParams`]); the
+    /// entry's `dtype` and `hdim` mean nothing.
+    BlockMask,
 }
 
 /// What a kernel applies to the scores before the softmax (the variants that change the
@@ -94,6 +98,10 @@ pub enum MaskKind {
     /// Those outside the row's document (packed sequences, [`window::DocumentBounds`])
     /// or window: [`MaskKind::Local`] with each row's range narrowed to its document.
     Document,
+    /// Those a block mask leaves out ([`sparse`], built from a user variant's mask mod):
+    /// each tile visits the key blocks of its list, the partial ones masked (the causal
+    /// flag, the lengths and the variant's `visible`), the full ones without mask code.
+    Sparse,
 }
 
 impl MaskKind {
@@ -196,6 +204,7 @@ impl KernelEntry {
             KernelKind::Forward | KernelKind::ForwardFp8 => core::mem::size_of::<FwdParams>(),
             KernelKind::Backward(_) => core::mem::size_of::<bwd::BwdParams>(),
             KernelKind::Fp8Quantize => core::mem::size_of::<fp8::QuantizeParams>(),
+            KernelKind::BlockMask => core::mem::size_of::<sparse::BuildParams>(),
         }
     }
 }
@@ -299,6 +308,8 @@ pub struct FwdParams {
     pub fp8: fp8::Fp8Descales,
     /// User-defined variants ([`ScoreModKind::User`]): the buffer their functions read.
     pub variant: variant::VariantArgs,
+    /// Block-sparse kernels ([`MaskKind::Sparse`]): each tile's key blocks.
+    pub block_mask: sparse::BlockMaskArgs,
 }
 
 /// What the kernels add to a claimed counter value to get a tile: the launch's claims are

@@ -154,6 +154,12 @@ macro_rules! variant_fwd_kernel_table {
             variant_fwd_hdim64_bf16 => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, User, Causal;
             variant_fwd_hdim128_bf16 => BF16, hdim 128, wgs 2, keys 64, cluster 1, FULL, User, Causal;
             variant_fwd_hdim256_bf16 => BF16, hdim 256, wgs 2, keys 64, cluster 1, NO_OVERLAP, User, Causal;
+            variant_fwd_hdim64_f16_sparse => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, User, Sparse;
+            variant_fwd_hdim128_f16_sparse => F16, hdim 128, wgs 2, keys 64, cluster 1, FULL, User, Sparse;
+            variant_fwd_hdim256_f16_sparse => F16, hdim 256, wgs 2, keys 64, cluster 1, NO_OVERLAP, User, Sparse;
+            variant_fwd_hdim64_bf16_sparse => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, User, Sparse;
+            variant_fwd_hdim128_bf16_sparse => BF16, hdim 128, wgs 2, keys 64, cluster 1, FULL, User, Sparse;
+            variant_fwd_hdim256_bf16_sparse => BF16, hdim 256, wgs 2, keys 64, cluster 1, NO_OVERLAP, User, Sparse;
         }
     };
 }
@@ -177,18 +183,42 @@ macro_rules! variant_bwd_kernel_table {
             variant_bwd_hdim256_bf16 => BF16, hdim 256, Main, User, Causal;
             variant_bwd_hdim256_f16_deterministic => F16, hdim 256, MainDeterministic, User, Causal;
             variant_bwd_hdim256_bf16_deterministic => BF16, hdim 256, MainDeterministic, User, Causal;
+            variant_bwd_hdim64_f16_sparse => F16, hdim 64, Main, User, Sparse;
+            variant_bwd_hdim128_f16_sparse => F16, hdim 128, Main, User, Sparse;
+            variant_bwd_hdim256_f16_sparse => F16, hdim 256, Main, User, Sparse;
+            variant_bwd_hdim64_bf16_sparse => BF16, hdim 64, Main, User, Sparse;
+            variant_bwd_hdim128_bf16_sparse => BF16, hdim 128, Main, User, Sparse;
+            variant_bwd_hdim256_bf16_sparse => BF16, hdim 256, Main, User, Sparse;
         }
     };
 }
 
+/// The block-mask build kernel of a variant module (`crate::sparse`): the variant's mask
+/// mod over every block of a tile shape, gathered into lists.
+pub const BLOCK_MASK_KERNEL: crate::KernelEntry = crate::KernelEntry {
+    name: "variant_block_mask",
+    algo: crate::Algo::Fa3(crate::fa3::Techniques::FULL),
+    kind: crate::KernelKind::BlockMask,
+    hdim: 0,
+    dtype: crate::DType::F16,
+    tma_param_bytes: 0,
+    launch_bounds: 0,
+    cluster: 1,
+    consumer_wgs: 0,
+    block_n: 0,
+    score_mod: crate::ScoreModKind::User,
+    mask: crate::MaskKind::Sparse,
+};
+
 const FWD: &[crate::KernelEntry] = crate::fa3::VARIANT_KERNELS;
 const BWD: &[crate::KernelEntry] = crate::bwd::VARIANT_KERNELS;
 
-/// Every kernel of a variant module, unprefixed: its forward then its backward kernels.
-pub const KERNELS: [crate::KernelEntry; FWD.len() + BWD.len()] = {
-    let mut all = [FWD[0]; FWD.len() + BWD.len()];
+/// Every kernel of a variant module, unprefixed: its forward then its backward kernels,
+/// then the block-mask build kernel.
+pub const KERNELS: [crate::KernelEntry; FWD.len() + BWD.len() + 1] = {
+    let mut all = [BLOCK_MASK_KERNEL; FWD.len() + BWD.len() + 1];
     let mut i = 0;
-    while i < all.len() {
+    while i < FWD.len() + BWD.len() {
         all[i] = if i < FWD.len() { FWD[i] } else { BWD[i - FWD.len()] };
         i += 1;
     }
@@ -200,14 +230,17 @@ pub const KERNELS: [crate::KernelEntry; FWD.len() + BWD.len()] = {
 pub const SEPARATOR: &str = "__";
 
 /// The forward kernel of a variant for a head dim and dtype.
-pub fn find_forward(hdim: u32, dtype: crate::DType) -> Option<&'static crate::KernelEntry> {
-    KERNELS.iter().find(|k| k.kind == crate::KernelKind::Forward && k.hdim == hdim && k.dtype == dtype)
+pub fn find_forward(hdim: u32, dtype: crate::DType, sparse: bool) -> Option<&'static crate::KernelEntry> {
+    KERNELS.iter().find(|k| k.kind == crate::KernelKind::Forward && k.hdim == hdim && k.dtype == dtype && (k.mask == crate::MaskKind::Sparse) == sparse)
 }
 
-/// The backward main kernel of a variant.
-pub fn find_backward(hdim: u32, dtype: crate::DType, deterministic: bool) -> Option<&'static crate::KernelEntry> {
+/// The backward main kernel of a variant. There is no deterministic block-sparse kernel:
+/// the deterministic mode's turns count every block a dense call visits, so a
+/// deterministic call with a block mask runs the dense kernel (same gradients, no skipping).
+pub fn find_backward(hdim: u32, dtype: crate::DType, deterministic: bool, sparse: bool) -> Option<&'static crate::KernelEntry> {
     let stage = if deterministic { crate::bwd::BwdStage::MainDeterministic } else { crate::bwd::BwdStage::Main };
-    KERNELS.iter().find(|k| k.kind == crate::KernelKind::Backward(stage) && k.hdim == hdim && k.dtype == dtype)
+    let sparse = sparse && !deterministic;
+    KERNELS.iter().find(|k| k.kind == crate::KernelKind::Backward(stage) && k.hdim == hdim && k.dtype == dtype && (k.mask == crate::MaskKind::Sparse) == sparse)
 }
 
 #[cfg(test)]
@@ -260,12 +293,17 @@ mod tests {
     fn variant_tables_have_one_forward_per_head_dim_and_dtype_and_both_backward_modes() {
         for dtype in crate::DType::ALL {
             for hdim in crate::HEAD_DIMS {
-                let k = find_forward(hdim, dtype).expect("forward");
+                let k = find_forward(hdim, dtype, false).expect("forward");
                 assert_eq!((k.score_mod, k.mask), (crate::ScoreModKind::User, crate::MaskKind::Causal));
+                let k = find_forward(hdim, dtype, true).expect("sparse forward");
+                assert_eq!((k.score_mod, k.mask), (crate::ScoreModKind::User, crate::MaskKind::Sparse));
             }
             for hdim in crate::bwd::HEAD_DIMS {
                 for det in [false, true] {
-                    assert!(find_backward(hdim, dtype, det).is_some());
+                    assert_eq!(find_backward(hdim, dtype, det, false).unwrap().mask, crate::MaskKind::Causal);
+                    // Deterministic calls with a block mask run the dense kernel.
+                    let sparse = find_backward(hdim, dtype, det, true).unwrap();
+                    assert_eq!(sparse.mask == crate::MaskKind::Sparse, !det, "{}", sparse.name);
                 }
             }
         }

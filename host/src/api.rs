@@ -97,6 +97,7 @@ pub fn flash_attn_func_into(
     let (sinks, _sinks_sync) = sinks_desc(opts, stream);
     let (documents, _docs_sync) = docs_desc(opts, stream);
     let (variant, _variant_sync) = variant_desc(opts, stream);
+    let _block_mask_sync = opts.block_mask.map(|m| m.read_guards(stream));
     let plan = plan_forward(
         &desc(q, q_ptr),
         &desc(k, k_ptr),
@@ -343,6 +344,7 @@ pub fn flash_attn_backward_into(
     let (sinks, _sinks_sync) = sinks_desc(opts, stream);
     let (documents, _docs_sync) = docs_desc(opts, stream);
     let (variant, _variant_sync) = variant_desc(opts, stream);
+    let _block_mask_sync = opts.block_mask.map(|m| m.read_guards(stream));
     let dsinks_len = dsinks.as_ref().map_or(0, |d| d.len());
     let (dsinks, _dsinks_sync) = match dsinks {
         Some(d) => {

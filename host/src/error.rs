@@ -198,6 +198,9 @@ pub enum AttnError {
     /// A user-defined variant that cannot serve the call (not in its module, loaded with
     /// another `Gpu`).
     InvalidVariant(String),
+    /// A block mask that does not serve the call (built for another shape, variant or
+    /// buffer, or passed without its variant).
+    InvalidBlockMask(String),
     /// The options ask for something the chosen kernel cannot do.
     Unsupported(String),
     /// A dequantization factor (or a Hadamard sign) is zero, negative or not finite.
@@ -274,6 +277,7 @@ impl fmt::Display for AttnError {
             InvalidSoftcap(c) => write!(f, "softcap must be finite and positive, got {c}"),
             InvalidDocuments(m) => write!(f, "invalid documents: {m}"),
             InvalidVariant(m) => write!(f, "variant: {m}"),
+            InvalidBlockMask(m) => write!(f, "block mask: {m}"),
             Unsupported(m) => write!(f, "unsupported option: {m}"),
             InvalidDescale { arg, index, value } => write!(f, "{arg}[{index}] is {value}; dequantization factors must be finite and positive"),
             BlockSize { arg, got, expected } => write!(f, "{arg}: blocks of {got} rows, but the FP8 kernel's tiles at this head dim are {expected}"),

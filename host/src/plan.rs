@@ -154,6 +154,13 @@ pub struct AttnOptions<'a> {
     ///
     /// [`VariantModule`]: crate::VariantModule
     pub variant: Option<UserVariant<'a>>,
+    /// A block-sparse mask built from `variant`'s mask mod ([`BlockMask`]), for calls of
+    /// the shape it was built for: each tile visits the key blocks its list holds, and
+    /// those whose pairs are all visible run without mask code. Forward, and the
+    /// backward but in deterministic mode (which runs the dense kernel).
+    ///
+    /// [`BlockMask`]: crate::BlockMask
+    pub block_mask: Option<&'a crate::sparse::BlockMask>,
 }
 
 /// The mask of a call as the planners pass it on: the kernel column and its parameters.
@@ -260,6 +267,24 @@ impl<'a> AttnOptions<'a> {
         self
     }
 
+    /// Skips the blocks a block mask leaves out (see
+    /// [`AttnOptions::block_mask`](struct.AttnOptions.html#structfield.block_mask)).
+    pub fn block_mask(mut self, mask: &'a crate::sparse::BlockMask) -> Self {
+        self.block_mask = Some(mask);
+        self
+    }
+
+    /// The block mask's kernel view for a call of this shape (`variant`: the call's
+    /// variant buffer), after checking it serves the call; default without one.
+    pub(crate) fn block_mask_args(&self, variant: Option<VariantDesc>, shape: [usize; 6]) -> Result<common::sparse::BlockMaskArgs> {
+        let Some(m) = self.block_mask else {
+            return Ok(Default::default());
+        };
+        let [batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim] = shape;
+        let call = crate::sparse::BlockMaskShape::new(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim).causal(self.causal);
+        m.check(self.variant.as_ref(), variant, &call)
+    }
+
     /// The mask these options compile in and its kernel parameters, for a call of `batch`
     /// sequences of `seqlen_q` queries and `seqlen_k` keys (which a window or documents
     /// limit) with `documents` (checked against the call) and the checked `score_mod`.
@@ -357,6 +382,7 @@ pub fn smem_bytes(k: &KernelEntry) -> u32 {
         KernelKind::Backward(s) if s.is_main() => return bwd::SmemLayout::new(k.hdim).total,
         KernelKind::Backward(_) => return 0,
         KernelKind::Fp8Quantize => return 4 * common::fp8::QUANTIZE_THREADS / 32,
+        KernelKind::BlockMask => return 0,
         KernelKind::Forward | KernelKind::ForwardFp8 => {}
     }
     match k.algo {
@@ -371,6 +397,7 @@ pub fn block_threads(k: &KernelEntry) -> u32 {
         KernelKind::Backward(s) if s.is_main() => return bwd::THREADS,
         KernelKind::Backward(_) => return bwd::AUX_THREADS,
         KernelKind::Fp8Quantize => return common::fp8::QUANTIZE_THREADS,
+        KernelKind::BlockMask => return common::sparse::BUILD_THREADS,
         KernelKind::Forward | KernelKind::ForwardFp8 => {}
     }
     match k.algo {
@@ -638,7 +665,7 @@ pub fn plan_forward(
             Schedule::PersistentMulticast
         }
         // A window's first and last tiles see fewer keys than the others: the counter.
-        (Schedule::Auto, Algo::Fa3(_)) if !opts.causal && !local && seqlen_q % tile_rows == 0 => Schedule::Persistent,
+        (Schedule::Auto, Algo::Fa3(_)) if !opts.causal && !local && opts.block_mask.is_none() && seqlen_q % tile_rows == 0 => Schedule::Persistent,
         (Schedule::Auto, Algo::Fa3(t)) if t.warp_specialized => Schedule::PersistentDynamic,
         (Schedule::Auto, _) => Schedule::TilePerCta,
         (Schedule::PersistentDynamic, Algo::Fa3(t)) if !t.warp_specialized => {
@@ -660,8 +687,9 @@ pub fn plan_forward(
         (s, _) => s,
     };
     let cluster = if schedule == Schedule::PersistentMulticast { fa3::MULTICAST_CLUSTER } else { 1 };
+    let block_mask = opts.block_mask_args(variant, [batch, seqlen_q, seqlen_k, heads_q, heads_k, hdim])?;
     let kernel = if score_mod == ScoreModKind::User {
-        common::variant::find_forward(hdim as u32, q.dtype)
+        common::variant::find_forward(hdim as u32, q.dtype, opts.block_mask.is_some())
     } else {
         common::find_kernel(algo, hdim as u32, q.dtype, cluster, seqlen_k as u32, score_mod, mask)
     }
@@ -697,6 +725,7 @@ pub fn plan_forward(
         tile_counter_base: 0,
         fp8: Default::default(),
         variant: Default::default(),
+        block_mask,
     };
     let m = ScoreModParams::new(score_mod, opts.softcap, alibi, batch, heads_q, scale)?;
     (params.softcap_scale, params.scale_log2) = (m.softcap_scale, m.scale_log2);

@@ -190,7 +190,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let mask = mask_plan.kind;
     let find = |stage: BwdStage| {
         let found = if score_mod == ScoreModKind::User && stage.is_main() {
-            common::variant::find_backward(hdim as u32, dtype, stage == BwdStage::MainDeterministic)
+            common::variant::find_backward(hdim as u32, dtype, stage == BwdStage::MainDeterministic, opts.block_mask.is_some())
         } else {
             bwd::find(stage, hdim as u32, dtype, score_mod, mask)
         };
@@ -256,6 +256,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         dsinks: 0,
         sink_partials: 0,
         variant: Default::default(),
+        block_mask: Default::default(),
     };
     match (t.sinks, t.dsinks) {
         (Some(s), Some(d)) => {
@@ -275,6 +276,10 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     (params.softcap_scale, params.scale_log2) = (m.softcap_scale, m.scale_log2);
     (params.alibi_slopes, params.alibi_batch_stride, params.alibi_inv_scale) = (m.alibi_slopes, m.alibi_batch_stride, m.alibi_inv_scale);
     params.variant = variant_args(opts, t.variant)?;
+    let block_mask = opts.block_mask_args(t.variant, [batch, seqlen_q, seqlen_k, heads_q, heads_k, hdim])?;
+    if main.mask == MaskKind::Sparse {
+        params.block_mask = block_mask;
+    }
     let (b, hq, hk) = (batch as u32, heads_q as u32, heads_k as u32);
     let aux = |kernel, rows: u32| Launch { kernel, grid: (rows.div_ceil(bwd::PREPROCESS_ROWS), hq, b), block: bwd::AUX_THREADS, smem_bytes: 0 };
     let launches = [

@@ -26,6 +26,8 @@ use std::sync::Arc;
 /// A loaded variant module: for each variant name, the kernels of
 /// `common::variant::KERNELS` (exported as `{name}__{kernel}`).
 pub struct VariantModule {
+    /// Unique per load (what a block mask records of the module it was built with).
+    id: u64,
     ctx: Arc<CudaContext>,
     _module: Arc<CudaModule>,
     names: Vec<String>,
@@ -46,7 +48,7 @@ impl VariantModule {
             .flat_map(|(i, name)| common::variant::KERNELS.iter().map(move |k| (i, k, symbol(name, k))))
             .collect();
         for (_, k, symbol) in &entries {
-            check_params(ptx, symbol, k.params_bytes())?;
+            check_params(ptx, symbol, (k.tma_param_bytes > 0) as usize, k.params_bytes())?;
         }
         let ctx = gpu.context().clone();
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| AttnError::KernelLoad(format!("variant module: {e}")))?;
@@ -56,7 +58,9 @@ impl VariantModule {
             gpu.prepare_function(k, &f)?;
             functions.push((i, k, f));
         }
-        Ok(VariantModule { ctx, _module: module, names: names.iter().map(|n| n.to_string()).collect(), functions })
+        static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(VariantModule { id, ctx, _module: module, names: names.iter().map(|n| n.to_string()).collect(), functions })
     }
 
     /// Variant `name` of this module, without data (see [`UserVariant::data_f32`]).
@@ -78,10 +82,11 @@ fn symbol(name: &str, kernel: &KernelEntry) -> String {
     format!("{name}{SEPARATOR}{}", kernel.name)
 }
 
-/// Checks that entry `symbol` of `ptx` takes a parameter block of `bytes` bytes after its
-/// tensor maps (its `_param_1`): the layout this library launches with.
-fn check_params(ptx: &str, symbol: &str, bytes: usize) -> Result<()> {
-    let decl = format!(" {symbol}_param_1[");
+/// Checks that entry `symbol` of `ptx` takes a parameter block of `bytes` bytes as its
+/// parameter `index` (1 after the tensor maps, else 0): the layout this library
+/// launches with.
+fn check_params(ptx: &str, symbol: &str, index: usize, bytes: usize) -> Result<()> {
+    let decl = format!(" {symbol}_param_{index}[");
     let found = ptx.find(&decl).and_then(|i| ptx[i + decl.len()..].split(']').next()).and_then(|n| n.parse::<usize>().ok());
     match found {
         Some(n) if n == bytes => Ok(()),
@@ -129,6 +134,17 @@ impl<'a> UserVariant<'a> {
     pub fn data_u32(mut self, data: &'a CudaSlice<u32>) -> Self {
         self.data = Some(VariantBuffer::U32(data));
         self
+    }
+
+    /// Which load of a module this variant is of (with [`UserVariant::index`], its
+    /// identity).
+    pub(crate) fn module_id(&self) -> u64 {
+        self.module.id
+    }
+
+    /// Its index among the module's variants.
+    pub(crate) fn index(&self) -> usize {
+        self.index
     }
 
     /// Whether a buffer was given.
@@ -207,9 +223,12 @@ mod tests {
     #[test]
     fn a_module_with_another_parameter_block_is_refused() {
         let ptx = ".visible .entry v__k(\n\t.param .align 128 .b8 v__k_param_0[512],\n\t.param .align 8 .b8 v__k_param_1[416]\n)";
-        assert!(check_params(ptx, "v__k", 416).is_ok());
-        assert!(matches!(check_params(ptx, "v__k", 432), Err(AttnError::KernelLoad(m)) if m.contains("416-byte")));
-        assert!(matches!(check_params(ptx, "w__k", 416), Err(AttnError::KernelLoad(m)) if m.contains("not in the module")));
+        assert!(check_params(ptx, "v__k", 1, 416).is_ok());
+        assert!(matches!(check_params(ptx, "v__k", 1, 432), Err(AttnError::KernelLoad(m)) if m.contains("416-byte")));
+        assert!(matches!(check_params(ptx, "w__k", 1, 416), Err(AttnError::KernelLoad(m)) if m.contains("not in the module")));
+        // A kernel without tensor maps takes its block first.
+        let ptx = ".visible .entry v__b(\n\t.param .align 8 .b8 v__b_param_0[96]\n)";
+        assert!(check_params(ptx, "v__b", 0, 96).is_ok());
     }
 
     #[test]

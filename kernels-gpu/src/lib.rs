@@ -25,6 +25,7 @@ pub mod fa3;
 pub mod ptx;
 pub mod quantize;
 pub mod softmax;
+pub mod sparse;
 
 #[cfg(feature = "builtin-kernels")]
 mod entries;
@@ -121,11 +122,21 @@ macro_rules! bwd_main_entry {
 #[macro_export]
 macro_rules! __variant_fwd_entries {
     ($variant:ident $v:tt $($name:ident => $dtype:ident, hdim $d:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {$(
+        $crate::__variant_fwd_entries!(@ $mask concat!(stringify!($variant), "__", stringify!($name)), $v, $dtype, $d, $wgs, $keys, $cluster, $tech);
+    )*};
+    (@ Causal $symbol:expr, $v:tt, $dtype:ident, $d:literal, $wgs:literal, $keys:literal, $cluster:literal, $tech:ident) => {
         $crate::fa3_entry!(
-            concat!(stringify!($variant), "__", stringify!($name)), $dtype, hdim $d, wgs $wgs, keys $keys, cluster $cluster, $tech,
+            $symbol, $dtype, hdim $d, wgs $wgs, keys $keys, cluster $cluster, $tech,
             $crate::fa3::variant::UserScore<$v>, $crate::fa3::variant::VariantMask<$v>
         );
-    )*};
+    };
+    // Block-sparse: the mask hook runs `visible`, in the partial steps alone.
+    (@ Sparse $symbol:expr, $v:tt, $dtype:ident, $d:literal, $wgs:literal, $keys:literal, $cluster:literal, $tech:ident) => {
+        $crate::fa3_entry!(
+            $symbol, $dtype, hdim $d, wgs $wgs, keys $keys, cluster $cluster, $tech,
+            $crate::fa3::variant::UserScore<$v, false>, $crate::fa3::variant::SparseMask<$v>
+        );
+    };
 }
 
 /// The backward entries of a variant module, from `common::variant_bwd_kernel_table`.
@@ -137,9 +148,28 @@ macro_rules! __variant_bwd_entries {
             concat!(stringify!($variant), "__", stringify!($name)), $dtype, hdim $d,
             deterministic matches!($crate::common::bwd::BwdStage::$stage, $crate::common::bwd::BwdStage::MainDeterministic),
             softcap false, alibi false, local false,
-            $crate::common::window::NoDocuments, $crate::fa3::variant::UserVariant<$v>
+            $crate::common::window::NoDocuments,
+            $crate::fa3::variant::UserVariant<$v, { matches!($crate::common::MaskKind::$mask, $crate::common::MaskKind::Sparse) }>
         );
     )*};
+}
+
+/// The block-mask build entry of a variant module: `{variant}__variant_block_mask`
+/// (`common::variant::BLOCK_MASK_KERNEL`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __variant_block_mask_entry {
+    ($variant:ident $v:tt) => {
+        const _: () = {
+            /// Builds one pass's block-mask lists from the variant's mask mod; grid
+            /// `(lists per head, list heads, list batches)`, `common::sparse::BUILD_THREADS`
+            /// threads.
+            #[unsafe(export_name = concat!(stringify!($variant), "__variant_block_mask"))]
+            pub unsafe extern "ptx-kernel" fn entry(p: $crate::common::sparse::BuildParams) {
+                unsafe { $crate::sparse::build::<$v>(p) }
+            }
+        };
+    };
 }
 
 /// Compiles the library's forward and backward kernels for user-defined variants
@@ -159,6 +189,7 @@ macro_rules! variant_kernels {
             use $crate::{__variant_bwd_entries, __variant_fwd_entries};
             $crate::common::variant_fwd_kernel_table!(__variant_fwd_entries, $name ($variant));
             $crate::common::variant_bwd_kernel_table!(__variant_bwd_entries, $name ($variant));
+            $crate::__variant_block_mask_entry!($name ($variant));
         };
     )*};
 }

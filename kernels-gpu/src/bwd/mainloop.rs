@@ -142,7 +142,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let p = self.p;
         let mut grads = KeyBlockGrads::<K> { dk: K::KeyGrads::zeroed(), dv: K::KeyGrads::zeroed() };
         let ranges = super::local_ranges::<K>(p, self.batch);
-        let steps = super::cta_steps::<K>(p, self.n_block, self.batch, ranges.as_ref());
+        let (steps, blocks) = super::cta_steps::<K>(p, self.n_block, self.head_k, self.batch, ranges.as_ref());
         if steps.is_empty() {
             return grads;
         }
@@ -164,7 +164,13 @@ impl<K: BwdTraits> Consumer<'_, K> {
         // ALiBi and user variants read each step's head from the step's index.
         steps.for_each_query_block(#[inline(always)] |step, m| {
             let h = if K::ALIBI || K::Variant::ACTIVE { steps.head_of(step) } else { 0 };
-            self.visit(&mut grads, &mask, h, m)
+            if K::Variant::SPARSE {
+                // The list's partial blocks need the mask; its full ones none.
+                let masked = math::shfl_broadcast_u32(blocks.partial(m) as u32) != 0;
+                self.step(&mut grads, &mask, h, blocks.block::<K>(p, m), masked)
+            } else {
+                self.visit(&mut grads, &mask, h, m)
+            }
         });
         grads
     }
@@ -296,7 +302,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
                         // (after the tanh when both: the slope is then in its units).
                         // User variants: the logit from `x = S · scale`, and its derivative.
                         let (t, user_grad) = if K::Variant::ACTIVE {
-                            user.logit(user_call, query0 as u32 + col + c as u32, user_key + 8 * r as u32, sf[i] * self.p.softcap_scale)
+                            user.logit(user_call, query0 as u32 + col + c as u32, user_key + 8 * r as u32, sf[i] * self.p.softcap_scale, masked)
                         } else if K::SOFTCAP {
                             (math::tanh(sf[i] * self.p.softcap_scale), 0.0)
                         } else {

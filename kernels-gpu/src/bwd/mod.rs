@@ -26,6 +26,7 @@ use crate::fa3::storage::TensorMaps;
 use crate::fa3::traits::WARPGROUP_THREADS;
 use crate::ptx::compiler::opaque_u32;
 use crate::ptx::{barrier, mbarrier, regs, sreg};
+use crate::sparse::BlockList;
 use crate::fa3::mask::DocSource;
 use crate::fa3::variant::{LogitHook, VariantCall};
 use common::bwd::{BwdParams, CtaSteps, MMA_WGS};
@@ -59,17 +60,48 @@ pub(crate) fn local_ranges<K: BwdTraits>(p: &BwdParams, batch: u32) -> Option<Ke
 
 /// The steps of key block `n_block`'s CTA (the producer, the consumers and the dQ writer
 /// walk the same; `ranges`: [`local_ranges`]): the mask's query blocks, from the first
-/// whose rows a user variant's
-/// key bound lets see the block (not in the deterministic mode, whose turns count every
-/// block the causal or unmasked call visits).
+/// whose rows a user variant's key bound lets see the block (not in the deterministic
+/// mode, whose turns count every block the causal or unmasked call visits); in a
+/// block-sparse kernel the entries of the CTA's list ([`StepBlocks`] maps them).
 #[inline(always)]
-pub(crate) fn cta_steps<K: BwdTraits>(p: &BwdParams, n_block: u32, batch: u32, ranges: Option<&KeyRanges<K::Docs>>) -> CtaSteps {
+pub(crate) fn cta_steps<K: BwdTraits>(p: &BwdParams, n_block: u32, head_k: u32, batch: u32, ranges: Option<&KeyRanges<K::Docs>>) -> (CtaSteps, StepBlocks) {
+    // The deterministic turns count every block a dense call visits.
+    const { assert!(!(K::Variant::SPARSE && K::DETERMINISTIC)) };
+    if K::Variant::SPARSE {
+        let list = BlockList::of(&p.block_mask.bwd, batch, head_k, n_block);
+        let (blocks, partial) = list.header(&p.block_mask.bwd);
+        return (CtaSteps::listed(n_block, blocks, p.kv_group), StepBlocks { list, partial });
+    }
+    let blocks = StepBlocks { list: BlockList::NONE, partial: 0 };
     let steps = CtaSteps::new(p, n_block, K::BLOCK_M, K::BLOCK_N, ranges);
     if K::DETERMINISTIC || !K::Variant::ACTIVE {
-        return steps;
+        return (steps, blocks);
     }
     let call = VariantCall::of_bwd(p);
-    steps.from_block(K::Variant::first_query_block(call, batch, n_block * K::BLOCK_N, K::BLOCK_M))
+    (steps.from_block(K::Variant::first_query_block(call, batch, n_block * K::BLOCK_N, K::BLOCK_M)), blocks)
+}
+
+/// What a step of [`cta_steps`]' walk visits: its query block itself, or in a
+/// block-sparse kernel entry `i` of the CTA's list, whose leading `partial` entries need
+/// the mask.
+#[derive(Clone, Copy)]
+pub(crate) struct StepBlocks {
+    list: BlockList,
+    partial: u32,
+}
+
+impl StepBlocks {
+    /// The query block of walk value `i`.
+    #[inline(always)]
+    pub fn block<K: BwdTraits>(&self, p: &BwdParams, i: u32) -> u32 {
+        if K::Variant::SPARSE { self.list.block(&p.block_mask.bwd, i) } else { i }
+    }
+
+    /// Whether walk value `i` is a partial block of the list (block-sparse kernels).
+    #[inline(always)]
+    pub fn partial(&self, i: u32) -> bool {
+        i < self.partial
+    }
 }
 
 /// The main kernel body. Grid `(key blocks, heads_k, batch)` (which CTA takes which key
@@ -93,13 +125,13 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let wg = tid / WARPGROUP_THREADS;
     if wg == 0 {
         regs::dealloc::<ProducerRegs<K>>();
-        let steps = cta_steps::<K>(&p, n_block, batch, local_ranges::<K>(&p, batch).as_ref());
+        let (steps, blocks) = cta_steps::<K>(&p, n_block, head_k, batch, local_ranges::<K>(&p, batch).as_ref());
         if tid == 0 {
             let mut loader = BwdLoader::<K>::new(TensorMaps(tma), storage);
             loader.prefetch_descriptors();
             if !steps.is_empty() {
                 loader.load_kv(n_block, head_k, batch);
-                steps.for_each(|h, m| loader.load_step(&p, m, head_k * p.kv_group + h, batch));
+                steps.for_each(|h, m| loader.load_step(&p, blocks.block::<K>(&p, m), head_k * p.kv_group + h, batch));
             }
         } else if tid / 32 == 1 {
             if K::SPLIT {

@@ -212,6 +212,10 @@ impl<K: KernelTraits> Steps<'_, K> {
     /// only; `n` otherwise) they need it again.
     #[inline(always)]
     fn unmasked_steps(&self) -> (u32, u32) {
+        if K::Mask::SPARSE {
+            // The list's partial blocks lead.
+            return (self.tile.partial(), self.n);
+        }
         let (whole_first, whole_end) = K::Mask::whole_blocks(self.p, self.tile.batch, self.wg_row0, WARPGROUP_ROWS, K::BLOCK_N);
         let from = self.top - whole_end.min(self.top);
         // `whole_first` within the tile's blocks (`max`/`min`: `clamp` would bring a
@@ -227,7 +231,8 @@ impl<K: KernelTraits> Steps<'_, K> {
     /// masked and unmasked steps share one loop; `true` elsewhere).
     #[inline(always)]
     fn softmax<const MASKED: bool>(&self, s: &mut K::Scores, sm: &mut OnlineSoftmax, i: u32, needs_mask: bool) -> Option<[f32; 2]> {
-        let col_2t = ((self.top - 1 - i) * K::BLOCK_N) as i32 + self.col_2t;
+        let block = if K::Mask::SPARSE { self.tile.key_block::<K>(self.p, i) } else { self.top - 1 - i };
+        let col_2t = (block * K::BLOCK_N) as i32 + self.col_2t;
         self.score_mod.apply(s, self.row_g, col_2t);
         if MASKED && needs_mask {
             self.mask.apply_with(self.p, self.tile.batch, s, col_2t);
@@ -407,7 +412,7 @@ pub fn run<K: KernelTraits>(
     let row_g = wg_row0 + ((thread_in_wg / 32) * 16 + lane / 4) as i32;
     let steps = Steps::<K> {
         p,
-        mask: K::Mask::new(p, row_g),
+        mask: K::Mask::new(p, tile, row_g),
         score_mod: K::ScoreMod::new(p, tile.batch, tile.head),
         tile,
         scale_log2: descale::tile_scales::<K>(p, tile).0,

@@ -11,6 +11,7 @@
 //!
 //! Coordinates: a lane's scores are its two rows (`row_g` and `row_g + 8`) and, in n-tile
 //! `j`, keys `col_2t + 8j` and `+1` (the tensor-core C layout, see `crate::softmax`).
+use super::scheduler::Tile;
 use super::traits::FragTile;
 use common::FwdParams;
 use common::fa3::whole_key_blocks;
@@ -75,8 +76,13 @@ pub trait Mask: Copy {
     /// of its range (the mainloop then checks each step, `KernelTraits::SEPARATE_MASKED_LOOP`).
     const LOCAL: bool;
 
-    /// The mask of the rows `row_g` and `row_g + 8`.
-    fn new(p: &FwdParams, row_g: i32) -> Self;
+    /// Each tile's key blocks are those of its list in a block mask (`common::sparse`;
+    /// [`super::scheduler::Tile::new`]), the partial ones first: the range methods below
+    /// are not asked, and [`Mask::apply_with`] runs on the partial blocks.
+    const SPARSE: bool = false;
+
+    /// The mask of the rows `row_g` and `row_g + 8` of `tile`.
+    fn new(p: &FwdParams, tile: &Tile, row_g: i32) -> Self;
 
     /// The key blocks a tile of `block_m` rows from `row0` of batch `batch` visits.
     fn tile_blocks(p: &FwdParams, batch: u32, row0: i32, block_m: u32, block_n: u32) -> (u32, u32);
@@ -119,7 +125,7 @@ impl Mask for CausalMask {
     const LOCAL: bool = false;
 
     #[inline(always)]
-    fn new(p: &FwdParams, row_g: i32) -> Self {
+    fn new(p: &FwdParams, _: &Tile, row_g: i32) -> Self {
         let seqlen_k = p.seqlen_k as i32;
         let limit = |row: i32| match p.causal_offset() {
             Some(off) => seqlen_k.min(row + off + 1),
@@ -166,7 +172,7 @@ impl<D: DocSource> Mask for LocalMask<D> {
     const LOCAL: bool = true;
 
     #[inline(always)]
-    fn new(_: &FwdParams, row_g: i32) -> Self {
+    fn new(_: &FwdParams, _: &Tile, row_g: i32) -> Self {
         LocalMask { row_g, docs: PhantomData }
     }
 

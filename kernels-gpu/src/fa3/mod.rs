@@ -98,7 +98,7 @@ pub unsafe fn fwd<K: KernelTraits>(tma: u64, p: FwdParams) {
                     }
                     let tile = order.tile(t, &p);
                     handoff.publish(&mut st, Some(&tile));
-                    loader.load_tile(&tile);
+                    loader.load_tile(&p, &tile);
                     claims.advance();
                 }
             }

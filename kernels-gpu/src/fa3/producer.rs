@@ -6,9 +6,11 @@
 use super::pipeline::{PipelineState, TmaPipeline};
 use super::scheduler::Tile;
 use super::storage::{SharedStorage, TensorMaps};
+use super::mask::Mask;
 use super::traits::KernelTraits;
 use crate::element::Operand;
 use crate::ptx::tma::TensorMap;
+use common::FwdParams;
 use common::fa3::{KV_STAGES, TensorMapSlot};
 use common::gmma::sw128_rows;
 use core::marker::PhantomData;
@@ -83,16 +85,18 @@ impl<K: KernelTraits> Loader<K> {
         self.q_state.advance();
     }
 
-    /// Loads K of step `i` into the next K slot (waits for it to be free).
+    /// Loads K of step `i` into the next K slot (waits for it to be free). Refills
+    /// without warp specialization, which block-sparse kernels always have.
     #[inline(always)]
     pub fn load_k(&mut self, tile: &Tile, i: u32) {
-        self.load_k_block(tile, tile.key_block(i));
+        const { assert!(!K::Mask::SPARSE || K::WARP_SPECIALIZED) };
+        self.load_k_block(tile, tile.range_block(i));
     }
 
-    /// Loads V of step `i` into the next V slot (waits for it to be free).
+    /// Loads V of step `i` into the next V slot (waits for it to be free); as `load_k`.
     #[inline(always)]
     pub fn load_v(&mut self, tile: &Tile, i: u32) {
-        self.load_v_block(tile, tile.key_block(i));
+        self.load_v_block(tile, tile.range_block(i));
     }
 
     #[inline(always)]
@@ -148,9 +152,27 @@ impl<K: KernelTraits> Loader<K> {
     /// blocks from the last down, counted by block so that the first block (past 0 for
     /// local masks) costs the 24-register producer nothing more.
     #[inline(always)]
-    pub fn load_tile(&mut self, tile: &Tile) {
+    pub fn load_tile(&mut self, p: &FwdParams, tile: &Tile) {
         self.load_q(tile);
         if tile.n_blocks == 0 {
+            return;
+        }
+        if K::Mask::SPARSE {
+            // The list's blocks up to its end mark, in the order above.
+            let lists = &p.block_mask.fwd;
+            let mut at = tile.list.cursor(lists);
+            self.load_k_block(tile, at.block(lists, 0));
+            loop {
+                at.advance();
+                let next = at.block(lists, 0);
+                if next == common::sparse::END {
+                    break;
+                }
+                self.load_k_block(tile, next);
+                // Read again rather than held.
+                self.load_v_block(tile, at.block(lists, 1));
+            }
+            self.load_v_block(tile, at.block(lists, 1));
             return;
         }
         let first = tile.n_block_min;

@@ -18,6 +18,7 @@ use super::pipeline::{CountState, PipelineState, TmaPipeline};
 use super::mask::Mask;
 use super::traits::KernelTraits;
 use crate::ptx::{global, math, smem, sreg};
+use crate::sparse::BlockList;
 use common::FwdParams;
 use common::fa3::{self, TILE_HANDOFF_STAGES};
 use core::marker::PhantomData;
@@ -38,6 +39,11 @@ pub struct Tile {
     /// The first key block (0 but for local masks, [`super::mask::Mask::tile_blocks`]).
     pub n_block_min: u32,
     pub n_blocks: u32,
+    /// Block-sparse kernels ([`super::mask::Mask::SPARSE`]): the tile's list, whose
+    /// entry `i` is step `i`'s key block, and its header word (`n_blocks` and how many
+    /// leading steps need the mask, [`Tile::partial`]; unused elsewhere).
+    pub list: BlockList,
+    pub header: u32,
 }
 
 impl Tile {
@@ -45,8 +51,15 @@ impl Tile {
     #[inline(always)]
     pub fn new<K: KernelTraits>(p: &FwdParams, m_block: u32, head: u32, batch: u32) -> Self {
         let row0 = Self::row0::<K>(p, m_block);
+        if K::Mask::SPARSE {
+            let list = BlockList::of(&p.block_mask.fwd, batch, head, m_block);
+            let header = list.header_word(&p.block_mask.fwd);
+            let n_blocks = common::sparse::split_header(header).0;
+            return Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: 0, n_blocks, list, header };
+        }
         let (first, end) = K::Mask::tile_blocks(p, batch, row0, K::BLOCK_M, K::BLOCK_N);
-        Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: first, n_blocks: if end > first { end - first } else { 0 } }
+        let n_blocks = if end > first { end - first } else { 0 };
+        Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: first, n_blocks, list: BlockList::NONE, header: 0 }
     }
 
     /// The first query row of query block `m_block` ([`fa3::tile_row0`]); the FP8
@@ -56,9 +69,22 @@ impl Tile {
         if K::FP8 { (m_block * K::BLOCK_M) as i32 } else { fa3::tile_row0(p, m_block, K::BLOCK_M, K::BLOCK_N) }
     }
 
-    /// The key block of step `i` (of `n_blocks`, from the last block down).
+    /// How many leading steps of a block-sparse tile need the mask.
     #[inline(always)]
-    pub fn key_block(&self, i: u32) -> u32 {
+    pub fn partial(&self) -> u32 {
+        common::sparse::split_header(self.header).1
+    }
+
+    /// The key block of step `i` (of `n_blocks`, from the last block down; in a
+    /// block-sparse kernel, `K::Mask::SPARSE`, its list's entry `i`).
+    #[inline(always)]
+    pub fn key_block<K: KernelTraits>(&self, p: &FwdParams, i: u32) -> u32 {
+        if K::Mask::SPARSE { self.list.block(&p.block_mask.fwd, i) } else { self.range_block(i) }
+    }
+
+    /// The key block of step `i` of a range of blocks (not a block-sparse kernel's).
+    #[inline(always)]
+    pub fn range_block(&self, i: u32) -> u32 {
         self.n_block_min + self.n_blocks - 1 - i
     }
 }
@@ -200,7 +226,9 @@ impl TileHandoff {
     #[inline(always)]
     pub fn publish(&self, st: &mut CountState<TILE_HANDOFF_STAGES>, tile: Option<&Tile>) {
         let v = match tile {
-            Some(t) => [t.m_block, t.head, t.batch, t.n_blocks],
+            // Block-sparse kernels pass the list's header (the partial steps too).
+            // (The header itself: its low half is `n_blocks`; 0 elsewhere.)
+            Some(t) => [t.m_block, t.head, t.batch, t.n_blocks | (t.header & !0xffff)],
             None => [NO_TILE, 0, 0, 0],
         };
         self.ring.empty(st.index()).wait(st.phase() ^ 1);
@@ -243,8 +271,14 @@ impl<K: KernelTraits> TileSource for HandoffTiles<K> {
             return None;
         }
         let row0 = Tile::row0::<K>(p, m_block);
+        if K::Mask::SPARSE {
+            let list = BlockList::of(&p.block_mask.fwd, batch, head, m_block);
+            let header = n_blocks;
+            let n_blocks = common::sparse::split_header(header).0;
+            return Some(Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: 0, n_blocks, list, header });
+        }
         // The first block is recomputed (a constant 0 but for local masks).
         let n_block_min = K::Mask::tile_blocks(p, batch, row0, K::BLOCK_M, K::BLOCK_N).0;
-        Some(Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min, n_blocks })
+        Some(Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min, n_blocks, list: BlockList::NONE, header: 0 })
     }
 }

@@ -7,6 +7,7 @@
 //! see FlexAttention's scaled scores; a hidden pair's logit is `-inf` (and its
 //! derivative 0), which the softmax and the backward's `P` turn into 0.
 use super::mask::{CausalMask, Mask, ScoreMod};
+use super::scheduler::Tile;
 use super::traits::FragTile;
 use crate::ptx::global;
 use common::FwdParams;
@@ -19,6 +20,14 @@ use core::marker::PhantomData;
 pub struct DeviceData {
     addr: u64,
     words: u32,
+}
+
+impl DeviceData {
+    /// The buffer of a call's parameters.
+    #[inline(always)]
+    pub fn new(args: &VariantArgs) -> Self {
+        DeviceData { addr: args.data, words: args.words }
+    }
 }
 
 impl VariantData for DeviceData {
@@ -57,7 +66,7 @@ impl<'a> VariantCall<'a> {
     /// The buffer.
     #[inline(always)]
     fn data(&self) -> DeviceData {
-        DeviceData { addr: self.args.data, words: self.args.words }
+        DeviceData::new(self.args)
     }
 }
 
@@ -69,11 +78,15 @@ pub trait LogitHook: Copy {
     const SCORE: bool;
     /// Whether the logit's derivative may differ from 1 (else `dS` skips the product).
     const GRAD: bool;
+    /// Whether the kernel walks a block mask's lists (`common::MaskKind::Sparse`): the
+    /// mask mod then runs in the partial steps alone.
+    const SPARSE: bool = false;
     /// The hook of query head `head` of batch `batch`.
     fn new(batch: u32, head: u32) -> Self;
     /// `(logit, d logit / dx)` of query `q` and key `kv` from `x = scale · q·k`;
-    /// `(-inf, 0)` for a hidden pair.
-    fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> (f32, f32);
+    /// `(-inf, 0)` for a hidden pair. `masked`: the step needs the mask (a block mask's
+    /// full steps do not ask `visible`; the other kernels ignore it).
+    fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32, masked: bool) -> (f32, f32);
 
     /// The first query block (of `block_m` rows) whose rows may see key `key0` of batch
     /// `batch` under the variant's key bound (`Variant::key_end`; 0 without one).
@@ -112,23 +125,24 @@ impl LogitHook for NoVariant {
         NoVariant
     }
     #[inline(always)]
-    fn logit(&self, _: VariantCall<'_>, _: u32, _: u32, x: f32) -> (f32, f32) {
+    fn logit(&self, _: VariantCall<'_>, _: u32, _: u32, x: f32, _: bool) -> (f32, f32) {
         (x, 1.0)
     }
 }
 
-/// User variant `V` for one (batch, query head).
+/// User variant `V` for one (batch, query head); `SPARSE`: in a block-sparse kernel.
 #[derive(Clone, Copy)]
-pub struct UserVariant<V> {
+pub struct UserVariant<V, const SPARSE: bool = false> {
     batch: u32,
     head: u32,
     variant: PhantomData<V>,
 }
 
-impl<V: Variant> LogitHook for UserVariant<V> {
+impl<V: Variant, const SPARSE: bool> LogitHook for UserVariant<V, SPARSE> {
     const ACTIVE: bool = true;
     const SCORE: bool = V::SCORE_MOD;
     const GRAD: bool = V::SCORE_MOD && V::SCORE_GRAD;
+    const SPARSE: bool = SPARSE;
 
     #[inline(always)]
     fn new(batch: u32, head: u32) -> Self {
@@ -136,9 +150,10 @@ impl<V: Variant> LogitHook for UserVariant<V> {
     }
 
     #[inline(always)]
-    fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> (f32, f32) {
+    fn logit(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32, masked: bool) -> (f32, f32) {
         let at = Coords { batch: self.batch, head: self.head, q, kv, seqlen_q: *call.seqlen_q, seqlen_k: *call.seqlen_k };
-        variant::logit::<V, _>(&call.data(), at, x, !Self::EXACT).unwrap_or((f32::NEG_INFINITY, 0.0))
+        let mask = !Self::EXACT && (!SPARSE || masked);
+        variant::logit::<V, _>(&call.data(), at, x, mask).unwrap_or((f32::NEG_INFINITY, 0.0))
     }
 
     const EXACT: bool = V::KEY_END && V::KEY_END_EXACT;
@@ -213,8 +228,8 @@ impl<V: Variant> Mask for VariantMask<V> {
     const LOCAL: bool = false;
 
     #[inline(always)]
-    fn new(p: &FwdParams, row_g: i32) -> Self {
-        VariantMask { causal: CausalMask::new(p, row_g), row_g, variant: PhantomData }
+    fn new(p: &FwdParams, tile: &Tile, row_g: i32) -> Self {
+        VariantMask { causal: CausalMask::new(p, tile, row_g), row_g, variant: PhantomData }
     }
 
     #[inline(always)]
@@ -252,8 +267,10 @@ impl<V: Variant> Mask for VariantMask<V> {
 
 /// User variant `V` as the forward's score modification of one (batch, query head),
 /// with the call's values it reads (the score hook has no parameter block at hand).
+/// `MASK`: it also hides the pairs `visible` hides (in a block-sparse kernel the mask
+/// hook does, [`SparseMask`], in the partial steps alone).
 #[derive(Clone, Copy)]
-pub struct UserScore<V> {
+pub struct UserScore<V, const MASK: bool = true> {
     variant: UserVariant<V>,
     args: VariantArgs,
     seqlen_q: u32,
@@ -262,7 +279,7 @@ pub struct UserScore<V> {
     scale: f32,
 }
 
-impl<V: Variant> ScoreMod for UserScore<V> {
+impl<V: Variant, const MASK: bool> ScoreMod for UserScore<V, MASK> {
     #[inline(always)]
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
         let variant = <UserVariant<V> as LogitHook>::new(batch, head);
@@ -279,7 +296,79 @@ impl<V: Variant> ScoreMod for UserScore<V> {
             for r in 0..2 {
                 for c in 0..2 {
                     let (q, kv) = ((row_g + 8 * r as i32) as u32, (col_2t + 8 * j as i32 + c as i32) as u32);
-                    f[2 * r + c] = self.variant.logit(call, q, kv, f[2 * r + c] * self.scale).0;
+                    let x = f[2 * r + c] * self.scale;
+                    f[2 * r + c] = if MASK { self.variant.logit(call, q, kv, x, true).0 } else { self.unmasked(call, q, kv, x) };
+                }
+            }
+        }
+    }
+}
+
+impl<V: Variant, const MASK: bool> UserScore<V, MASK> {
+    /// The score alone, `visible` not asked.
+    #[inline(always)]
+    fn unmasked(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> f32 {
+        if !V::SCORE_MOD {
+            return x;
+        }
+        let at = Coords { batch: self.variant.batch, head: self.variant.head, q, kv, seqlen_q: *call.seqlen_q, seqlen_k: *call.seqlen_k };
+        V::score(&call.data(), at, x)
+    }
+}
+
+/// The forward's mask with user variant `V` in a block-sparse kernel
+/// (`common::MaskKind::Sparse`): each tile visits the key blocks of its list; in the
+/// partial ones the causal flag, the lengths ([`CausalMask`]) and `visible` hide pairs,
+/// the full ones run without mask code.
+#[derive(Clone, Copy)]
+pub struct SparseMask<V> {
+    causal: CausalMask,
+    row_g: i32,
+    head: u32,
+    variant: PhantomData<V>,
+}
+
+impl<V: Variant> Mask for SparseMask<V> {
+    const LOCAL: bool = false;
+    const SPARSE: bool = true;
+
+    #[inline(always)]
+    fn new(p: &FwdParams, tile: &Tile, row_g: i32) -> Self {
+        SparseMask { causal: CausalMask::new(p, tile, row_g), row_g, head: tile.head, variant: PhantomData }
+    }
+
+    /// Not asked: the tile's list gives its blocks.
+    #[inline(always)]
+    fn tile_blocks(_: &FwdParams, _: u32, _: i32, _: u32, _: u32) -> (u32, u32) {
+        (0, 0)
+    }
+
+    /// Every block of the list (a warpgroup skips none of it).
+    #[inline(always)]
+    fn visible_blocks(_: &FwdParams, _: u32, _: i32, _: u32, _: u32) -> (u32, u32) {
+        (0, u32::MAX)
+    }
+
+    /// Not asked: the list's partial blocks are its leading ones.
+    #[inline(always)]
+    fn whole_blocks(_: &FwdParams, _: u32, _: i32, _: u32, _: u32) -> (u32, u32) {
+        (0, 0)
+    }
+
+    #[inline(always)]
+    fn apply_with<S: FragTile>(&self, p: &FwdParams, batch: u32, s: &mut S, col_2t: i32) {
+        self.causal.apply_with(p, batch, s, col_2t);
+        let call = VariantCall::of_fwd(p);
+        let data = call.data();
+        for j in 0..S::FRAGS {
+            let f = s.frag_mut(j);
+            for r in 0..2 {
+                for c in 0..2 {
+                    let (q, kv) = ((self.row_g + 8 * r as i32) as u32, (col_2t + 8 * j as i32 + c as i32) as u32);
+                    let at = Coords { batch, head: self.head, q, kv, seqlen_q: p.seqlen_q, seqlen_k: p.seqlen_k };
+                    if !V::visible(&data, at) {
+                        f[2 * r + c] = f32::NEG_INFINITY;
+                    }
                 }
             }
         }

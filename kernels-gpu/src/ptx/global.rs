@@ -103,6 +103,19 @@ pub unsafe fn ld_nc_u8(addr: u64) -> u8 {
     v as u8
 }
 
+/// Loads one byte from global memory, through L1 as any load (data this launch wrote,
+/// ordered before by a barrier).
+///
+/// # Safety
+/// `addr` must be a valid global address.
+#[inline(always)]
+pub unsafe fn ld_u8(addr: u64) -> u8 {
+    let v: u16;
+    // PTX has no 8-bit registers: the byte is zero-extended into a 16-bit one.
+    unsafe { asm!("ld.global.u8 {0}, [{1}];", out(reg16) v, in(reg64) addr, options(nostack, readonly)) };
+    v as u8
+}
+
 /// Loads two consecutive `f32` from global memory.
 ///
 /// # Safety

@@ -82,6 +82,30 @@ pub fn vote_any(p: bool) -> bool {
     r != 0
 }
 
+/// Whether `p` holds in every lane of the warp (warp-uniform, as [`vote_any`]).
+#[inline(always)]
+pub fn vote_all(p: bool) -> bool {
+    let r: u32;
+    // SAFETY: all 32 lanes take part (callers keep the warp converged).
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {1}, 0; vote.sync.all.pred q, p, 0xffffffff; selp.u32 {0}, 1, 0, q; }}",
+             out(reg32) r, in(reg32) p as u32, options(nomem, nostack))
+    };
+    r != 0
+}
+
+/// The lanes in which `p` holds, as a bit mask (lane `i`: bit `i`), in every lane.
+#[inline(always)]
+pub fn ballot(p: bool) -> u32 {
+    let r: u32;
+    // SAFETY: all 32 lanes take part (callers keep the warp converged).
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {1}, 0; vote.sync.ballot.b32 {0}, p, 0xffffffff; }}",
+             out(reg32) r, in(reg32) p as u32, options(nomem, nostack))
+    };
+    r
+}
+
 /// Packs two `f32` into `f16x2` (round to nearest even); `lo` in the low half.
 #[inline(always)]
 pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
