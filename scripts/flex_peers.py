@@ -6,7 +6,8 @@ a causal sliding window of --window keys (row i sees keys i - W ..= i), that win
 with soft-capping at 30, causal packed documents of --doc-len tokens (FlexAttention's
 document mask, `doc[q] == doc[kv]`), the user-defined variants of examples/variants
 (`causal_relbias`: a learned bias table[h, clamp(kv − q, −128, 128) + 128] under the
-causal mask; `prefixlm`: keys below a prefix of a quarter of the sequence, or causal),
+causal mask; `prefixlm`: keys below a prefix of a quarter of the sequence, or causal;
+`localglobal`: keys within --lg-window of the diagonal plus --lg-globals global tokens),
 and attention sinks (one logit per head, 0.5 · (h mod 4) − 1:
 FlexAttention has no sinks, so a key 0 of zero value whose score the score_mod replaces
 by the head's logit and which every row sees stands for it; one extra key).
@@ -30,6 +31,8 @@ p.add_argument("--timing-ms", type=int, default=300)
 p.add_argument("--iters", type=int, default=20)
 p.add_argument("--window", type=int, default=4096)
 p.add_argument("--doc-len", type=int, default=2048)
+p.add_argument("--lg-window", type=int, default=1024)
+p.add_argument("--lg-globals", type=int, default=256)
 p.add_argument("--csv", required=True)
 a = p.parse_args()
 # Without a higher limit dynamo silently falls back to the dense eager path after a few
@@ -68,6 +71,12 @@ variants["causal_relbias"] = (relbias, block_mask, pairs)
 P = s // 4
 prefix_mask = create_block_mask(lambda bi, hi, qi, ki: (ki < P) | (qi >= ki), None, None, s, s, device="cuda")
 variants["prefixlm"] = (None, prefix_mask, sum(max(i + 1, P) for i in range(s)))
+# examples/variants' local_global: keys within --lg-window of the diagonal, or either of the
+# first --lg-globals tokens (not causal).
+LW, LG = a.lg_window, a.lg_globals
+lg_mask = create_block_mask(lambda bi, hi, qi, ki: ((qi - ki).abs() <= LW) | (ki < LG) | (qi < LG), None, None, s, s, device="cuda")
+lg_pairs = sum(s if i < LG else min(i + LW + 1, s) - max(i - LW, LG, 0) + LG for i in range(s))
+variants["localglobal"] = (None, lg_mask, lg_pairs)
 sinks = torch.tensor([0.5 * (i % 4) - 1.0 for i in range(h)], device="cuda", dtype=torch.float32)
 sink_mod = lambda score, bi, hi, qi, ki: torch.where(ki == 0, sinks[hi], score)
 sink_mask = create_block_mask(lambda bi, hi, qi, ki: (ki == 0) | (qi + 1 >= ki), None, None, s, s + 1, device="cuda")
@@ -114,6 +123,6 @@ for name, (mod, mask, visible, sink_key) in variants.items():
     for suffix, call, factor in (("", fwd, 1.0), ("-bwd", bwd, 2.5)):
         ms = timed(call)
         tf = 4 * d * visible * b * h * factor / (ms * 1e-3) / 1e12
-        rows.append(f"flex-{name}{suffix},bf16,{d},{s},{b},{h},1,{ms:.4f},{tf:.1f}")
+        rows.append(f"flex-{name}{suffix},bf16,{d},{s},{b},{h},{int(name.startswith('causal'))},{ms:.4f},{tf:.1f}")
         print(rows[-1], flush=True)
 open(a.csv, "w").write("\n".join(rows) + "\n")

@@ -151,13 +151,13 @@ impl BuildParams {
     /// Query blocks of the call's tiles.
     #[inline(always)]
     pub const fn query_blocks(&self) -> u32 {
-        (self.seqlen_q + self.row_shift).div_ceil(self.block_m)
+        blocks_of(self.seqlen_q + self.row_shift, self.block_m)
     }
 
     /// Key blocks.
     #[inline(always)]
     pub const fn key_blocks(&self) -> u32 {
-        self.seqlen_k.div_ceil(self.block_n)
+        blocks_of(self.seqlen_k, self.block_n)
     }
 
     /// `(m, n)` of entry `i` of list `list` (a query block, or a key block when
@@ -185,6 +185,16 @@ impl BuildParams {
     #[inline(always)]
     pub const fn in_call(&self, q: u32, kv: u32) -> bool {
         q < self.seqlen_q && kv < self.seqlen_k && (self.causal == 0 || kv as i64 <= q as i64 + self.seqlen_k as i64 - self.seqlen_q as i64)
+    }
+}
+
+/// Blocks of `size` covering `len` (0 for a zero size, without the panic path of a
+/// division by zero: the build kernel has no panic handler to reach).
+#[inline(always)]
+const fn blocks_of(len: u32, size: u32) -> u32 {
+    match core::num::NonZeroU32::new(size) {
+        Some(size) => len.div_ceil(size.get()),
+        None => 0,
     }
 }
 

@@ -30,6 +30,12 @@
 //!   the whole mask ([`Variant::KEY_END_EXACT`]): then the kernels mask by the bound as by
 //!   the causal mask. A bound that hides a pair `visible` shows gives wrong results:
 //!   `reference::key_end_error` (host crate) checks one against `visible`.
+//! - **Block masks:** for a mask no bound describes, the host builds a block mask from
+//!   `visible` on the GPU (`flash_attn3::BlockMask`, [`crate::sparse`]): the module's
+//!   build kernel evaluates it on every pair, with the call's causal flag and lengths,
+//!   and the block-sparse kernels then skip the blocks with no visible pair and run those
+//!   where every pair is visible without calling `visible`. The lists hold for the buffer
+//!   as it was when they were built.
 //!
 //! The same impl runs in the CPU reference (the host crate reads the data from a slice),
 //! so a variant's GPU tests compare against its own definition.

@@ -90,12 +90,16 @@ fn data(p: &BuildParams) -> crate::fa3::variant::DeviceData {
 #[inline(always)]
 fn classify_warp<V: Variant>(p: &BuildParams, m: u32, n: u32, head: u32, batch: u32, lane: u32) -> BlockState {
     let (rows, keys, past_end) = p.extent(m, n);
-    let (height, width) = (rows[1] - rows[0], keys[1] - keys[0]);
-    if height == 0 || width == 0 {
+    let height = rows[1] - rows[0];
+    // Non-zero by type: the divisions below have no panic path.
+    let Some(width) = core::num::NonZeroU32::new(keys[1] - keys[0]) else {
+        return BlockState::Empty;
+    };
+    if height == 0 {
         return BlockState::Empty;
     }
     let d = data(p);
-    let pairs = height * width;
+    let pairs = height * width.get();
     let (mut any, mut all) = (false, !past_end);
     for h in 0..p.heads_per_list {
         let mut base = 0;

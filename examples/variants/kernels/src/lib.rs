@@ -8,6 +8,8 @@
 //!   element and, past it, the keys up to its bottom-right diagonal. Buffer: the prefix
 //!   length of each batch element (u32). Run without `causal` (the prefix is not causal);
 //!   its key bound (`key_end`) lets the kernels skip the blocks right of both.
+//! - [`LocalGlobal`]: a band around the diagonal plus global tokens, a pattern for
+//!   block-sparse masks. Buffer: `[window, globals]`.
 #![no_std]
 // What the kernels' entry points need (nightly, as the library's own kernels).
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
@@ -71,10 +73,32 @@ impl Variant for PrefixLm {
     }
 }
 
-// The library's forward and backward kernels for both, as `rel_bias__*` and
-// `prefix_lm__*` (`common::variant::KERNELS`).
+/// Local attention with global tokens (Longformer / BigBird style): query `q` sees key
+/// `kv` when `|kv − q| <= window` (positions of a call with `seqlen_q = seqlen_k`, or
+/// measured from the bottom-right diagonal otherwise), or when either is one of the
+/// first `globals` tokens. No key bound describes it: run it with a block mask
+/// (`flash_attn3::BlockMask`), whose lists skip the blocks outside the band and the
+/// global rows and columns. Buffer: `[window, globals]` (u32).
+#[derive(Clone, Copy)]
+pub struct LocalGlobal;
+
+impl Variant for LocalGlobal {
+    const SCORE_MOD: bool = false;
+    const MASK_MOD: bool = true;
+
+    #[inline(always)]
+    fn visible<D: VariantData + ?Sized>(data: &D, at: Coords) -> bool {
+        // 32-bit: sequence lengths are below 2^31 (the host's limit).
+        let from_diagonal = at.kv as i32 - (at.q as i32 + at.seqlen_k as i32 - at.seqlen_q as i32);
+        let globals = data.u32_at(1);
+        from_diagonal.unsigned_abs() <= data.u32_at(0) || at.kv < globals || at.q < globals
+    }
+}
+
+// The library's forward and backward kernels for the three, as `rel_bias__*`,
+// `prefix_lm__*` and `local_global__*` (`common::variant::KERNELS`).
 #[cfg(target_arch = "nvptx64")]
-kernels_gpu::variant_kernels!(rel_bias: RelBias, prefix_lm: PrefixLm);
+kernels_gpu::variant_kernels!(rel_bias: RelBias, prefix_lm: PrefixLm, local_global: LocalGlobal);
 
 /// The names given to `variant_kernels!` above, for the build script and the host.
-pub const VARIANTS: [&str; 2] = ["rel_bias", "prefix_lm"];
+pub const VARIANTS: [&str; 3] = ["rel_bias", "prefix_lm", "local_global"];
