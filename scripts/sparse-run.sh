@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 for step in $steps; do
   case $step in
   tests)
-    FA3_REQUIRE_GPU=1 timeout 420 "$B/variants_device" > "$OUT/variants_tests.log" 2>&1 || status=1
+    FA3_REQUIRE_GPU=1 timeout 420 "$B/variants_device" ${TESTS_FILTER:-} > "$OUT/variants_tests.log" 2>&1 || status=1
     grep -E "^test result|FAILED|failed|panicked" "$OUT/variants_tests.log" | head -40
     ;;
   sanitize)

@@ -286,7 +286,11 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         aux(pre, padded),
         Launch {
             kernel: main,
-            grid: ((seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32)), hk, b),
+            grid: {
+                let key_blocks = (seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32));
+                // Block-sparse kernels take the heads as x (`kernels_gpu::bwd::bwd`).
+                if main.mask == MaskKind::Sparse { (hk, key_blocks, b) } else { (key_blocks, hk, b) }
+            },
             block: bwd::THREADS,
             smem_bytes: bwd::SmemLayout::new(hdim as u32).total,
         },

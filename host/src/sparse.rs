@@ -227,9 +227,10 @@ impl BlockMask {
         let f = variant.function(gpu, &common::variant::BLOCK_MASK_KERNEL)?;
         let (desc, _data_sync) = variant.desc(stream);
         let data = desc.check()?;
-        // SAFETY: the build kernel writes every list row before anything reads it.
-        let fwd = unsafe { stream.alloc::<u32>(fwd_plan.words) }?;
-        let bwd = unsafe { stream.alloc::<u32>(bwd_plan.words) }?;
+        // Zeroed: the words past a list's end mark are never read, but a copy to the host
+        // (`to_host`) then holds nothing stale.
+        let fwd = stream.alloc_zeros::<u32>(fwd_plan.words)?;
+        let bwd = stream.alloc_zeros::<u32>(bwd_plan.words)?;
         let scratch_len = fwd_plan.scratch_bytes().max(bwd_plan.scratch_bytes()).max(1);
         // SAFETY: the build kernel writes every scratch byte it reads.
         let mut scratch = unsafe { stream.alloc::<u8>(scratch_len) }?;

@@ -104,7 +104,8 @@ impl StepBlocks {
     }
 }
 
-/// The main kernel body. Grid `(key blocks, heads_k, batch)` (which CTA takes which key
+/// The main kernel body. Grid `(key blocks, heads_k, batch)`, `(heads_k, key blocks,
+/// batch)` for block-sparse kernels (which CTA takes which key
 /// block, and in what order it visits the query blocks: `common::bwd::DqOrder`); `tma`: generic address of
 /// the descriptor block (q, k, v, dO maps).
 ///
@@ -114,8 +115,12 @@ impl StepBlocks {
 pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let tid = sreg::thread_idx_x();
     let order = p.dq_order_of(K::LOCAL);
-    let n_block = order.key_block(sreg::block_idx_x(), p.key_blocks(K::BLOCK_N));
-    let (head_k, batch) = (sreg::block_idx_y(), sreg::block_idx_z());
+    // Block-sparse kernels: grid `(heads_k, key blocks, batch)`, so that the CTAs of one
+    // key block of every head launch together: a block mask's heavy key blocks (global
+    // tokens, say) start early instead of one head's at the end of the grid.
+    let (x, y) = if K::Variant::SPARSE { (sreg::block_idx_y(), sreg::block_idx_x()) } else { (sreg::block_idx_x(), sreg::block_idx_y()) };
+    let n_block = order.key_block(x, p.key_blocks(K::BLOCK_N));
+    let (head_k, batch) = (y, sreg::block_idx_z());
     let storage = BwdStorage::new::<K>();
     if tid == 0 {
         storage.init::<K>(WARPGROUP_THREADS * MMA_WGS);
