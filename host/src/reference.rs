@@ -96,6 +96,9 @@ pub trait HostVariant: Sync + std::fmt::Debug {
     /// pair the variant hides. (A score function runs in f32, as in the kernels; without
     /// one `x` passes through unrounded.)
     fn logit(&self, at: Coords, x: f64) -> Option<(f64, f64)>;
+
+    /// [`HostVariant::logit`] without asking the mask (a block mask's full blocks).
+    fn unmasked_logit(&self, at: Coords, x: f64) -> (f64, f64);
 }
 
 /// Variant `V` reading `data` (the words the kernels read from the device buffer).
@@ -182,6 +185,13 @@ impl<V: Variant> HostVariant for HostVariantOf<V> {
         }
         variant::logit::<V, _>(data, at, x as f32, true).map(|(l, g)| (l as f64, g as f64))
     }
+
+    fn unmasked_logit(&self, at: Coords, x: f64) -> (f64, f64) {
+        if !V::SCORE_MOD {
+            return (x, 1.0);
+        }
+        variant::logit::<V, _>(&self.data[..], at, x as f32, false).map_or((f64::NEG_INFINITY, 0.0), |(l, g)| (l as f64, g as f64))
+    }
 }
 
 /// Document ids on the host, one per key token: `[seqlen_k]` shared by the batch, or
@@ -261,7 +271,18 @@ impl Problem<'_> {
 
     /// [`Problem::logit_f64`] in f32.
     pub fn logit_f32(&self, x: f32, b: usize, h: usize, i: usize, j: usize) -> f32 {
-        if self.variant.is_some() {
+        self.logit_f32_masked(x, b, h, i, j, true)
+    }
+
+    /// [`Problem::logit_f32`]; `masked = false`: without asking a user variant's mask (a
+    /// block mask's full blocks).
+    pub fn logit_f32_masked(&self, x: f32, b: usize, h: usize, i: usize, j: usize, masked: bool) -> f32 {
+        if let Some(v) = self.variant {
+            if !masked {
+                let (seqlen_q, seqlen_k) = (self.q.shape[1] as u32, self.k.shape[1] as u32);
+                let at = Coords { batch: b as u32, head: h as u32, q: i as u32, kv: j as u32, seqlen_q, seqlen_k };
+                return v.unmasked_logit(at, x as f64).0 as f32;
+            }
             return self.variant_logit(x as f64, b, h, i, j).map_or(f32::NEG_INFINITY, |(l, _)| l as f32);
         }
         self.softcap.map_or(x, |c| c * (x / c).tanh()) - self.alibi_bias(b, h, i, j)
@@ -466,31 +487,47 @@ pub struct Tiling {
 /// accumulator when the max grows, divide by the sum once at the end.
 /// `p_dtype`: round P to this type before PV, as the tensor cores' operand is.
 pub fn attention_tiled(p: &Problem<'_>, tiling: Tiling, p_dtype: Option<DType>) -> AttnResult<f32> {
-    let (_, sq, sk, hq, hk, d) = p.dims();
+    let (_, sq, ..) = p.dims();
+    let Tiling { block_m, block_n, .. } = tiling;
+    attention_tiled_over(p, tiling, p_dtype, |b, _, i| {
+        // Key tiles this row's query tile visits (the whole tile shares them): from the
+        // first row's first visible key to the last row's last (both move right with the
+        // row), all masked.
+        let m0 = i / block_m * block_m;
+        let (lo, hi) = (p.visible_range(b, m0).start, p.visible_range(b, (m0 + block_m).min(sq) - 1).end);
+        let tiles = if hi > lo { lo / block_n..hi.div_ceil(block_n) } else { 0..0 };
+        tiles.map(|t| (t, true)).collect()
+    })
+}
+
+/// [`attention_tiled`] over the key tiles `tiles(batch, head, row)` gives a row's query
+/// tile, in order, each with whether it is masked: an unmasked tile's pairs are all taken
+/// as visible (the mask is not asked), as a block mask's full blocks run in the kernels.
+pub fn attention_tiled_over(
+    p: &Problem<'_>,
+    tiling: Tiling,
+    p_dtype: Option<DType>,
+    tiles: impl Fn(usize, usize, usize) -> Vec<(usize, bool)> + Sync,
+) -> AttnResult<f32> {
+    let (_, _, sk, hq, hk, d) = p.dims();
     // With a score modification the scores are the logits already (scaled).
     let score_scale = if p.modifies_scores() { 1.0 } else { p.scale };
     let scale_log2 = score_scale * std::f32::consts::LOG2_E;
-    let Tiling { block_m, block_n, lazy_rescale } = tiling;
+    let Tiling { block_n, lazy_rescale, .. } = tiling;
     let round = |x: f32| p_dtype.map_or(x, |t| round_to(t, x));
     for_each_row(p, |b, h, i, o| {
         let hkv = h / (hq / hk);
         let q = p.q.row(b, i, h);
-        // Key tiles this row's query tile visits (the whole tile shares them): from the
-        // first row's first visible key to the last row's last (both move right with the
-        // row).
-        let m0 = i / block_m * block_m;
-        let (lo, hi) = (p.visible_range(b, m0).start, p.visible_range(b, (m0 + block_m).min(sq) - 1).end);
-        let tiles = if hi > lo { lo / block_n..hi.div_ceil(block_n) } else { 0..0 };
         let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
         let mut acc = vec![0.0f32; d];
-        for t in tiles {
+        for (t, masked) in tiles(b, h, i) {
             let cols = t * block_n..((t + 1) * block_n).min(sk);
             let s: Vec<f32> = cols
                 .clone()
                 .map(|j| {
-                    if p.sees(b, i, j) {
+                    if !masked || p.sees(b, i, j) {
                         let dot: f32 = q.iter().zip(p.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum();
-                        if p.modifies_scores() { p.logit_f32(dot * p.scale, b, h, i, j) } else { dot }
+                        if p.modifies_scores() { p.logit_f32_masked(dot * p.scale, b, h, i, j, masked) } else { dot }
                     } else {
                         f32::NEG_INFINITY
                     }
