@@ -106,6 +106,11 @@ impl BlockLists {
 pub struct BlockMaskArgs {
     pub fwd: BlockLists,
     pub bwd: BlockLists,
+    /// The forward's tile order: for each (batch, head) of the lists, its query blocks
+    /// from the most listed blocks down (u32, indexed as the forward's rows: position `i`
+    /// of `(batch, head)` at `fwd.row_index(batch, head, i)`), so that the scheduler hands
+    /// out the heaviest tiles first. 0: the dense order.
+    pub fwd_order: u64,
 }
 
 /// Threads of the build kernel's CTA (one CTA per list).

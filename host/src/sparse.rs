@@ -185,6 +185,27 @@ pub fn host_lists_of<V: Variant>(pass: &PassPlan, data: &[u32]) -> Vec<u32> {
     host_lists(pass, |at| V::visible(data, at))
 }
 
+/// The forward's tile order of `lists` (the forward pass's, of `pass`): for each
+/// (batch, head) of the lists, its query blocks by the count of their listed blocks, most
+/// first (ties: the later block first, the dense order), laid out as the lists' rows
+/// (`common::sparse::BlockMaskArgs::fwd_order`).
+pub fn tile_order(pass: &PassPlan, lists: &[u32]) -> Vec<u32> {
+    let p = &pass.params;
+    let (tiles, heads, batches) = pass.grid;
+    let mut order = vec![0u32; (tiles * heads * batches) as usize];
+    for batch in 0..batches {
+        for head in 0..heads {
+            let count = |m: u32| common::sparse::split_header(lists[(p.lists.row(batch, head, m) / 4) as usize]).0;
+            let mut ms: Vec<u32> = (0..tiles).collect();
+            ms.sort_by_key(|&m| (std::cmp::Reverse(count(m)), std::cmp::Reverse(m)));
+            for (i, m) in ms.into_iter().enumerate() {
+                order[p.lists.row_index(batch, head, i as u32) as usize] = m;
+            }
+        }
+    }
+    order
+}
+
 /// Which variant (module, index) and buffer a mask was built with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct BuiltWith {
@@ -198,6 +219,8 @@ struct BuiltWith {
 pub struct BlockMask {
     fwd: CudaSlice<u32>,
     bwd: CudaSlice<u32>,
+    /// `BlockMaskArgs::fwd_order`.
+    order: CudaSlice<u32>,
     args: BlockMaskArgs,
     plans: (PassPlan, PassPlan),
     shape: BlockMaskShape,
@@ -246,8 +269,12 @@ impl BlockMask {
             unsafe { stream.launch_builder(f).arg(&block).launch(cfg) }?;
             *out = params.lists;
         }
+        // The forward's tiles heaviest first (the scheduler's order), from the lists'
+        // headers on the host: one synchronisation per build.
+        let order = stream.clone_htod(&tile_order(&fwd_plan, &stream.clone_dtoh(&fwd)?))?;
+        args.fwd_order = order.device_ptr(stream).0;
         let built_with = BuiltWith { module: variant.module_id(), index: variant.index(), data: desc };
-        Ok(BlockMask { fwd, bwd, args, plans: (fwd_plan, bwd_plan), shape, built_with })
+        Ok(BlockMask { fwd, bwd, order, args, plans: (fwd_plan, bwd_plan), shape, built_with })
     }
 
     /// The shape the mask was built for.
@@ -284,8 +311,8 @@ impl BlockMask {
 
     /// The guards that order a launch on `stream` after the build (held until it is
     /// queued).
-    pub(crate) fn read_guards<'a>(&'a self, stream: &'a Arc<CudaStream>) -> [SyncOnDrop<'a>; 2] {
-        [self.fwd.device_ptr(stream).1, self.bwd.device_ptr(stream).1]
+    pub(crate) fn read_guards<'a>(&'a self, stream: &'a Arc<CudaStream>) -> [SyncOnDrop<'a>; 3] {
+        [self.fwd.device_ptr(stream).1, self.bwd.device_ptr(stream).1, self.order.device_ptr(stream).1]
     }
 
     /// The kernels' view of the mask for a call of `shape` with `variant` and its buffer
@@ -336,6 +363,18 @@ mod tests {
         assert_eq!((shared.0.params.lists.head_rows, shared.0.params.lists.batch_rows), (0, 0));
         let at256 = plan(&BlockMaskShape::new(1, 100, 100, 1, 1, 256)).unwrap();
         assert_eq!((at256.1.params.block_m, at256.1.params.block_n), (64, 64));
+    }
+
+    #[test]
+    fn tiles_are_ordered_heaviest_first_per_head() {
+        // Two heads of 300 x 1000, hdim 64: 3 query tiles over 8 key blocks each; head 1
+        // sees every key from its first tile only.
+        let s = BlockMaskShape::new(1, 300, 1000, 2, 2, 64);
+        let (f, _) = plan(&s).unwrap();
+        let lists = host_lists(&f, |at| at.head == 0 || at.q < 128 || at.kv < 200);
+        let order = tile_order(&f, &lists);
+        assert_eq!(&order[0..3], &[2, 1, 0], "equal counts: the dense order");
+        assert_eq!(&order[3..6], &[0, 2, 1], "the tile that sees all 8 blocks, then ties from the last");
     }
 
     #[test]

@@ -115,8 +115,18 @@ impl<K: KernelTraits> TileOrder<K> {
     #[inline(always)]
     pub fn tile(&self, t: u32, p: &FwdParams) -> Tile {
         let (unit, hb) = fa3::tile_unit_and_head(t, self.units, p.section_log2);
-        let m_block = unit * K::CLUSTER + self.rank;
-        Tile::new::<K>(p, m_block, hb.checked_rem(p.heads_q).unwrap_or(0), hb.checked_div(p.heads_q).unwrap_or(0))
+        let (head, batch) = (hb.checked_rem(p.heads_q).unwrap_or(0), hb.checked_div(p.heads_q).unwrap_or(0));
+        let m_block = if K::Mask::SPARSE && p.block_mask.fwd_order != 0 {
+            // A block mask's order, heaviest tile first (the unit counts down from the
+            // last; cluster 1).
+            let at = p.block_mask.fwd.row_index(batch, head, self.units - 1 - unit);
+            // SAFETY: the host wrote one entry per query block of every (batch, head) of
+            // the lists.
+            unsafe { global::ld_nc_u32(p.block_mask.fwd_order + 4 * at as u64) }
+        } else {
+            unit * K::CLUSTER + self.rank
+        };
+        Tile::new::<K>(p, m_block, head, batch)
     }
 }
 
