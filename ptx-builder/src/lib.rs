@@ -550,11 +550,17 @@ ptxas warning : something global\n";
         let mut raw = String::new();
         for (name, k) in &exports {
             assert!(name.starts_with("a__") || name.starts_with("b_c__"), "{name}");
-            raw += &format!(".visible .entry {name}(\n\t.param .align 16 .b8 {name}_param_0[{}],\n\t.param .align 8 .b8 p[8]\n)\n{{\n\tret;\n}}\n", k.tma_param_bytes);
+            raw += &if k.tma_param_bytes > 0 {
+                format!(".visible .entry {name}(\n\t.param .align 16 .b8 {name}_param_0[{}],\n\t.param .align 8 .b8 p[8]\n)\n{{\n\tret;\n}}\n", k.tma_param_bytes)
+            } else {
+                // The block-mask build kernel: its parameter block alone.
+                format!(".visible .entry {name}(\n\t.param .align 8 .b8 {name}_param_0[{}]\n)\n{{\n\tret;\n}}\n", k.params_bytes())
+            };
         }
         let ptx = finish_ptx(&raw, &exports).unwrap();
         for (name, k) in &exports {
-            assert!(ptx.contains(&format!(".param .align 128 .b8 {name}_param_0[{}]", k.tma_param_bytes)), "{name}");
+            let param0 = if k.tma_param_bytes > 0 { format!(".align 128 .b8 {name}_param_0[{}]", k.tma_param_bytes) } else { format!(".align 8 .b8 {name}_param_0[{}]", k.params_bytes()) };
+            assert!(ptx.contains(&format!(".param {param0}")), "{name}");
         }
         // The library's own kernels are not a variant module's, and a missing one fails.
         assert!(matches!(finish_ptx(&skeleton(), &exports), Err(Error::Ptx(m)) if m.contains("default-features = false")));
