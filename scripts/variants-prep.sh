@@ -3,7 +3,8 @@
 # `variants_device` (its GPU tests; a test name and --exact run one, e.g. under
 # compute-sanitizer) and `variants-bench [HDIM SEQLEN BATCH HEADS]` (the variants against
 # the plain kernels, CSV). FlexAttention with the same variants:
-# `python3 scripts/flex_peers.py --variants causal,causal_relbias,prefixlm --csv FILE`.
+# `python3 scripts/flex_peers.py --variants causal,causal_relbias,prefixlm,localglobal --csv FILE`.
+# Block masks' tests, sanitizer runs and bench against FlexAttention: scripts/sparse-run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .device/bin
