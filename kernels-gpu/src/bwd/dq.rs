@@ -100,9 +100,7 @@ impl<K: BwdTraits> DqWriter<K> {
         let leader = lane == 0;
         let mut phase = 0;
         let ranges = super::local_ranges::<K>(p, batch);
-        let (steps, blocks) = super::cta_steps::<K>(p, n_block, head_k, batch, ranges.as_ref());
-        steps.for_each(|h, m| {
-            let m = blocks.block::<K>(p, m);
+        super::cta_steps::<K>(p, n_block, head_k, batch, ranges.as_ref()).for_each(p, |h, m| {
             let head = head_k * p.kv_group + h;
             for wg in 0..MMA_WGS {
                 storage.dq.full(wg).wait(phase);
@@ -169,9 +167,7 @@ impl<K: BwdTraits> DqWriter<K> {
         // One register for the stage (the writer runs on the producer's 24).
         let mut st = CountState::<STAGES>::new();
         let ranges = super::local_ranges::<K>(p, batch);
-        let (steps, blocks) = super::cta_steps::<K>(p, n_block, head_k, batch, ranges.as_ref());
-        steps.for_each(|h, m| {
-            let m = blocks.block::<K>(p, m);
+        super::cta_steps::<K>(p, n_block, head_k, batch, ranges.as_ref()).for_each(p, |h, m| {
             storage.dq.full(st.index()).wait(st.phase());
             let bh = batch * p.heads_q + head_k * p.kv_group + h;
             if K::DETERMINISTIC {

@@ -142,7 +142,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         let p = self.p;
         let mut grads = KeyBlockGrads::<K> { dk: K::KeyGrads::zeroed(), dv: K::KeyGrads::zeroed() };
         let ranges = super::local_ranges::<K>(p, self.batch);
-        let (steps, blocks) = super::cta_steps::<K>(p, self.n_block, self.head_k, self.batch, ranges.as_ref());
+        let steps = super::cta_steps::<K>(p, self.n_block, self.head_k, self.batch, ranges.as_ref());
         if steps.is_empty() {
             return grads;
         }
@@ -162,12 +162,12 @@ impl<K: BwdTraits> Consumer<'_, K> {
             }
         }
         // ALiBi and user variants read each step's head from the step's index.
-        steps.for_each_query_block(#[inline(always)] |step, m| {
+        steps.for_each_query_block(p, #[inline(always)] |step, m, partial| {
             let h = if K::ALIBI || K::Variant::ACTIVE { steps.head_of(step) } else { 0 };
             if K::Variant::SPARSE {
                 // The list's partial blocks need the mask; its full ones none.
-                let masked = math::shfl_broadcast_u32(blocks.partial(m) as u32) != 0;
-                self.step(&mut grads, &mask, h, blocks.block::<K>(p, m), masked)
+                let masked = math::shfl_broadcast_u32(partial as u32) != 0;
+                self.step(&mut grads, &mask, h, m, masked)
             } else {
                 self.visit(&mut grads, &mask, h, m)
             }

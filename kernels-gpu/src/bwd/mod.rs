@@ -62,45 +62,68 @@ pub(crate) fn local_ranges<K: BwdTraits>(p: &BwdParams, batch: u32) -> Option<Ke
 /// walk the same; `ranges`: [`local_ranges`]): the mask's query blocks, from the first
 /// whose rows a user variant's key bound lets see the block (not in the deterministic
 /// mode, whose turns count every block the causal or unmasked call visits); in a
-/// block-sparse kernel the entries of the CTA's list ([`StepBlocks`] maps them).
+/// block-sparse kernel the query blocks of the CTA's list.
 #[inline(always)]
-pub(crate) fn cta_steps<K: BwdTraits>(p: &BwdParams, n_block: u32, head_k: u32, batch: u32, ranges: Option<&KeyRanges<K::Docs>>) -> (CtaSteps, StepBlocks) {
+pub(crate) fn cta_steps<K: BwdTraits>(p: &BwdParams, n_block: u32, head_k: u32, batch: u32, ranges: Option<&KeyRanges<K::Docs>>) -> CtaWalk<K> {
     // The deterministic turns count every block a dense call visits.
     const { assert!(!(K::Variant::SPARSE && K::DETERMINISTIC)) };
+    let walk = |steps, list, partial| CtaWalk { steps, list, partial, kernel: core::marker::PhantomData };
     if K::Variant::SPARSE {
         let list = BlockList::of(&p.block_mask.bwd, batch, head_k, n_block);
         let (blocks, partial) = list.header(&p.block_mask.bwd);
-        return (CtaSteps::listed(n_block, blocks, p.kv_group), StepBlocks { list, partial });
+        return walk(CtaSteps::listed(n_block, blocks, p.kv_group), list, partial);
     }
-    let blocks = StepBlocks { list: BlockList::NONE, partial: 0 };
     let steps = CtaSteps::new(p, n_block, K::BLOCK_M, K::BLOCK_N, ranges);
     if K::DETERMINISTIC || !K::Variant::ACTIVE {
-        return (steps, blocks);
+        return walk(steps, BlockList::NONE, 0);
     }
     let call = VariantCall::of_bwd(p);
-    (steps.from_block(K::Variant::first_query_block(call, batch, n_block * K::BLOCK_N, K::BLOCK_M)), blocks)
+    walk(steps.from_block(K::Variant::first_query_block(call, batch, n_block * K::BLOCK_N, K::BLOCK_M)), BlockList::NONE, 0)
 }
 
-/// What a step of [`cta_steps`]' walk visits: its query block itself, or in a
-/// block-sparse kernel entry `i` of the CTA's list, whose leading `partial` entries need
-/// the mask.
+/// A CTA's walk ([`cta_steps`]): the [`CtaSteps`] over query blocks, or in a block-sparse
+/// kernel over the entries of the CTA's list, which it maps to their query blocks (its
+/// leading `partial` entries need the mask).
 #[derive(Clone, Copy)]
-pub(crate) struct StepBlocks {
+pub(crate) struct CtaWalk<K> {
+    steps: CtaSteps,
     list: BlockList,
     partial: u32,
+    kernel: core::marker::PhantomData<K>,
 }
 
-impl StepBlocks {
-    /// The query block of walk value `i`.
+impl<K: BwdTraits> CtaWalk<K> {
+    /// No step (the CTA's dK and dV are zero).
     #[inline(always)]
-    pub fn block<K: BwdTraits>(&self, p: &BwdParams, i: u32) -> u32 {
-        if K::Variant::SPARSE { self.list.block(&p.block_mask.bwd, i) } else { i }
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
     }
 
-    /// Whether walk value `i` is a partial block of the list (block-sparse kernels).
+    /// Calls `f(h, m)` for every step: its query head (`h` of the K/V group) and query
+    /// block ([`CtaSteps::for_each`]).
     #[inline(always)]
-    pub fn partial(&self, i: u32) -> bool {
-        i < self.partial
+    pub fn for_each(&self, p: &BwdParams, mut f: impl FnMut(u32, u32)) {
+        self.steps.for_each(#[inline(always)] |h, i| f(h, self.block(p, i)))
+    }
+
+    /// Calls `f(step, m, partial)` for every step: its index (for [`CtaWalk::head_of`]),
+    /// query block, and whether it is a block mask's partial block (false elsewhere)
+    /// ([`CtaSteps::for_each_query_block`]).
+    #[inline(always)]
+    pub fn for_each_query_block(&self, p: &BwdParams, mut f: impl FnMut(u32, u32, bool)) {
+        self.steps.for_each_query_block(#[inline(always)] |step, i| f(step, self.block(p, i), i < self.partial))
+    }
+
+    /// The query head of step `step`.
+    #[inline(always)]
+    pub fn head_of(&self, step: u32) -> u32 {
+        self.steps.head_of(step)
+    }
+
+    /// The query block of walk value `i`.
+    #[inline(always)]
+    fn block(&self, p: &BwdParams, i: u32) -> u32 {
+        if K::Variant::SPARSE { self.list.block(&p.block_mask.bwd, i) } else { i }
     }
 }
 
@@ -130,13 +153,13 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let wg = tid / WARPGROUP_THREADS;
     if wg == 0 {
         regs::dealloc::<ProducerRegs<K>>();
-        let (steps, blocks) = cta_steps::<K>(&p, n_block, head_k, batch, local_ranges::<K>(&p, batch).as_ref());
+        let steps = cta_steps::<K>(&p, n_block, head_k, batch, local_ranges::<K>(&p, batch).as_ref());
         if tid == 0 {
             let mut loader = BwdLoader::<K>::new(TensorMaps(tma), storage);
             loader.prefetch_descriptors();
             if !steps.is_empty() {
                 loader.load_kv(n_block, head_k, batch);
-                steps.for_each(|h, m| loader.load_step(&p, blocks.block::<K>(&p, m), head_k * p.kv_group + h, batch));
+                steps.for_each(&p, |h, m| loader.load_step(&p, m, head_k * p.kv_group + h, batch));
             }
         } else if tid / 32 == 1 {
             if K::SPLIT {

@@ -52,14 +52,20 @@ impl Tile {
     pub fn new<K: KernelTraits>(p: &FwdParams, m_block: u32, head: u32, batch: u32) -> Self {
         let row0 = Self::row0::<K>(p, m_block);
         if K::Mask::SPARSE {
-            let list = BlockList::of(&p.block_mask.fwd, batch, head, m_block);
-            let header = list.header_word(&p.block_mask.fwd);
-            let n_blocks = common::sparse::split_header(header).0;
-            return Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: 0, n_blocks, list, header };
+            let header = BlockList::of(&p.block_mask.fwd, batch, head, m_block).header_word(&p.block_mask.fwd);
+            return Self::listed(p, m_block, row0, head, batch, header);
         }
         let (first, end) = K::Mask::tile_blocks(p, batch, row0, K::BLOCK_M, K::BLOCK_N);
         let n_blocks = if end > first { end - first } else { 0 };
         Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: first, n_blocks, list: BlockList::NONE, header: 0 }
+    }
+
+    /// A block-sparse kernel's tile (`K::Mask::SPARSE`) from its list's header word.
+    #[inline(always)]
+    fn listed(p: &FwdParams, m_block: u32, row0: i32, head: u32, batch: u32, header: u32) -> Self {
+        let list = BlockList::of(&p.block_mask.fwd, batch, head, m_block);
+        let n_blocks = common::sparse::split_header(header).0;
+        Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: 0, n_blocks, list, header }
     }
 
     /// The first query row of query block `m_block` ([`fa3::tile_row0`]); the FP8
@@ -282,10 +288,8 @@ impl<K: KernelTraits> TileSource for HandoffTiles<K> {
         }
         let row0 = Tile::row0::<K>(p, m_block);
         if K::Mask::SPARSE {
-            let list = BlockList::of(&p.block_mask.fwd, batch, head, m_block);
-            let header = n_blocks;
-            let n_blocks = common::sparse::split_header(header).0;
-            return Some(Tile { m_block, row0, head, head_k: p.kv_head(head), batch, n_block_min: 0, n_blocks, list, header });
+            // The slot holds the list's header.
+            return Some(Tile::listed(p, m_block, row0, head, batch, n_blocks));
         }
         // The first block is recomputed (a constant 0 but for local masks).
         let n_block_min = K::Mask::tile_blocks(p, batch, row0, K::BLOCK_M, K::BLOCK_N).0;

@@ -305,14 +305,11 @@ impl<V: Variant, const MASK: bool> ScoreMod for UserScore<V, MASK> {
 }
 
 impl<V: Variant, const MASK: bool> UserScore<V, MASK> {
-    /// The score alone, `visible` not asked.
+    /// The score alone, `visible` not asked (`common::variant::logit`'s rule).
     #[inline(always)]
     fn unmasked(&self, call: VariantCall<'_>, q: u32, kv: u32, x: f32) -> f32 {
-        if !V::SCORE_MOD {
-            return x;
-        }
         let at = Coords { batch: self.variant.batch, head: self.variant.head, q, kv, seqlen_q: *call.seqlen_q, seqlen_k: *call.seqlen_k };
-        V::score(&call.data(), at, x)
+        variant::logit::<V, _>(&call.data(), at, x, false).map_or(f32::NEG_INFINITY, |(logit, _)| logit)
     }
 }
 
