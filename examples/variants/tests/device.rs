@@ -117,6 +117,11 @@ fn cases() -> Vec<Case> {
             v.push(Case { variant: PREFIX_LM, dtype, d, b: 3, sq: 1000, sk: 1000, hq: 4, hk: 2, causal: false, backward: true, deterministic: false, sinks: false, block_mask: Some(Lists::SameForEveryHead) });
         }
     }
+    // A score function with a block mask (no mask function: the lists hold the causal
+    // mask's and the lengths' partial blocks, the full ones run the score alone).
+    for (dtype, d, sq, sk, causal) in [(DType::BF16, 128, 1000, 1000, true), (DType::F16, 256, 300, 700, false), (DType::BF16, 64, 257, 4097, true)] {
+        v.push(Case { variant: REL_BIAS, dtype, d, b: 2, sq, sk, hq: 4, hk: 2, causal, backward: true, deterministic: false, sinks: false, block_mask: Some(Lists::SameForEveryHead) });
+    }
     let c = Case { variant: LOCAL_GLOBAL, dtype: DType::BF16, d: 128, b: 2, sq: 700, sk: 700, hq: 4, hk: 2, causal: true, backward: true, deterministic: false, sinks: false, block_mask: None };
     // Without a block mask (every block visited, the mask mod on every pair); with one,
     // deterministic (the dense kernel) and with sinks.
@@ -283,7 +288,14 @@ fn misuse_is_refused(gpu: &Gpu, module: &VariantModule) -> Result<(), Failed> {
 /// union over a K/V head's query heads) or shared, causal or not, at awkward sizes.
 fn block_mask_lists_match_the_cpu_rules(gpu: &Gpu, module: &VariantModule) -> Result<(), Failed> {
     let stream = gpu.new_stream()?;
-    for (variant, words) in [(LOCAL_GLOBAL, local_global_data(70, 20)), (LOCAL_GLOBAL, local_global_data(0, 0)), (PREFIX_LM, prefix_lm_data(&[0, 333, 5000]))] {
+    // The bias has no mask function: its lists are the causal mask's and the lengths'.
+    let table: Vec<f32> = (0..4 * RelBias::BUCKETS).map(|i| (i % 13) as f32 / 13.0).collect();
+    for (variant, words) in [
+        (LOCAL_GLOBAL, local_global_data(70, 20)),
+        (LOCAL_GLOBAL, local_global_data(0, 0)),
+        (PREFIX_LM, prefix_lm_data(&[0, 333, 5000])),
+        (REL_BIAS, rel_bias_data(&table)),
+    ] {
         let dev = stream.clone_htod(&words)?;
         let v = module.variant(variant)?.data_u32(&dev);
         for d in [64, 128, 256] {
@@ -297,7 +309,11 @@ fn block_mask_lists_match_the_cpu_rules(gpu: &Gpu, module: &VariantModule) -> Re
                         let mask = BlockMask::new(gpu, &stream, &v, shape)?;
                         let (fwd, bwd) = mask.to_host(&stream)?;
                         let (fp, bp) = plan(&shape)?;
-                        let want = |p| if variant == PREFIX_LM { host_lists_of::<PrefixLm>(p, &words) } else { host_lists_of::<LocalGlobal>(p, &words) };
+                        let want = |p| match variant {
+                            PREFIX_LM => host_lists_of::<PrefixLm>(p, &words),
+                            REL_BIAS => host_lists_of::<RelBias>(p, &words),
+                            _ => host_lists_of::<LocalGlobal>(p, &words),
+                        };
                         if fwd != want(&fp) || bwd != want(&bp) {
                             return Err(format!("{variant} {words:?} {shape:?}: lists differ from the CPU's").into());
                         }
