@@ -33,6 +33,16 @@ pub const fn block_n(hdim: u32) -> u32 {
 pub const fn splits_head_dim(hdim: u32) -> bool {
     hdim == 256
 }
+/// Slots of `dSᵀ` (and `Pᵀ`) in shared memory. Two where the warpgroups split the keys,
+/// one per Q stage: a warpgroup writes the step's `dSᵀ` while the previous step's dQ
+/// product may still read the other slot, so no barrier waits for that product (the
+/// step's `DsReady` barrier, which the warpgroups reach after their previous step's
+/// products are done, already orders the slot's reuse two steps later). One where they
+/// split the head dimension: no room for a second beside the stages.
+pub const fn ds_stages(hdim: u32) -> u32 {
+    if splits_head_dim(hdim) { 1 } else { STAGES }
+}
+
 /// Consumer (MMA) warpgroups.
 pub const MMA_WGS: u32 = 2;
 /// Threads per main-kernel CTA: a producer warpgroup and the consumers.
@@ -661,8 +671,9 @@ pub struct SmemLayout {
     /// stage also carries that block's LSE (log2), the dO ring's its D.
     pub q: crate::fa3::SmemRing,
     pub dout: crate::fa3::SmemRing,
-    /// `dSᵀ` of the current step (`block_n` rows of `block_m` elements, 128 B swizzled):
-    /// the A operand of `dQ = dS K`, written by both consumer warpgroups.
+    /// `dSᵀ` of a step (`block_n` rows of `block_m` elements, 128 B swizzled), in
+    /// [`ds_stages`] slots: the A operand of `dQ = dS K`, written by both consumer
+    /// warpgroups.
     pub ds: crate::fa3::SmemBuffer,
     /// `Pᵀ` of the current step, laid out as `dSᵀ`: the A operand of `dV += Pᵀ dO` where
     /// the warpgroups split the head dimension (empty elsewhere: `Pᵀ` stays in registers).
@@ -690,8 +701,8 @@ impl SmemLayout {
         let v = SmemRing { data: kv_bytes, ..k };
         let q = SmemRing { data: 2 * kv_bytes, stage_bytes: q_bytes, stages: STAGES, barriers: 0 };
         let dout = SmemRing { data: q.slot(STAGES), ..q };
-        let ds = SmemBuffer { offset: dout.slot(STAGES), bytes: bn * bm * 2 };
-        let p = SmemBuffer { offset: ds.offset + ds.bytes, bytes: if split { ds.bytes } else { 0 } };
+        let ds = SmemBuffer { offset: dout.slot(STAGES), bytes: ds_stages(hdim) * bn * bm * 2 };
+        let p = SmemBuffer { offset: ds.offset + ds.bytes, bytes: if split { bn * bm * 2 } else { 0 } };
         let vec_bytes = bm * 4;
         let lse = SmemBuffer { offset: p.offset + p.bytes, bytes: STAGES * vec_bytes };
         let dpsum = SmemBuffer { offset: lse.offset + lse.bytes, bytes: STAGES * vec_bytes };

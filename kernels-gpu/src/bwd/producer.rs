@@ -19,7 +19,7 @@ pub struct BwdStorage {
     /// Q (with the LSE) and dO (with D) of a query block.
     pub q: TmaPipeline<STAGES>,
     pub dout: TmaPipeline<STAGES>,
-    /// `dSᵀ` of the current step.
+    /// `dSᵀ`'s first slot (`common::bwd::ds_stages`: [`BwdStorage::ds_slot`]).
     pub ds: SmemAddr,
     /// `Pᵀ` of the current step, where the warpgroups split the head dimension.
     pub p: SmemAddr,
@@ -61,6 +61,12 @@ impl BwdStorage {
             dpsum: base.add(l.dpsum.offset),
             dq: TmaPipeline::at(base, l.dq, None),
         }
+    }
+
+    /// The `dSᵀ` slot of Q stage `stage` (the only slot where there is one).
+    #[inline(always)]
+    pub fn ds_slot<K: BwdTraits>(&self, stage: u32) -> SmemAddr {
+        if common::bwd::ds_stages(K::HDIM) == 1 { self.ds } else { self.ds.add(stage * K::BLOCK_N * K::BLOCK_M * 2) }
     }
 
     /// Stage `stage`'s LSE (log2) vector.
