@@ -11,7 +11,7 @@
 //! Dequantization factors ("descales", `x ≈ scale · e4m3(x)`) come per
 //! (batch, head, block of rows) through [`ScaleIndex`]: a block stride of 0 gives one
 //! factor per (batch, head), FlashAttention-3's `q_descale` / `k_descale` / `v_descale`.
-//! Q's blocks are the kernel's query tiles ([`BLOCK_M`] rows), K's and V's its key
+//! Q's blocks are the kernel's query tiles ([`block_m`] rows), K's and V's its key
 //! blocks ([`block_n`] keys).
 use crate::fa3::{KernelConfig, TMA_PARAM_BYTES, Techniques};
 use crate::{Algo, DType, KernelEntry, KernelKind, Strides};
@@ -19,8 +19,13 @@ use crate::{Algo, DType, KernelEntry, KernelKind, Strides};
 /// Head dimensions with an FP8 forward kernel (hdim 64's Q and K rows are 64 bytes: the
 /// 64-byte swizzle).
 pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
-/// Query rows per CTA (two consumer warpgroups) and per Q scale block.
-pub const BLOCK_M: u32 = 128;
+/// Query rows per CTA (64 per consumer warpgroup) and per Q scale block at a head dim:
+/// 128, but 192 at hdim 64, where the GEMMs are short beside the softmax and a third
+/// warpgroup's GEMMs hide more of it (FlashAttention-3's FP8 tile there is 192 rows, as
+/// our 16-bit one).
+pub const fn block_m(hdim: u32) -> u32 {
+    if hdim == 64 { 192 } else { 128 }
+}
 /// Keys per K/V block and per K/V scale block at a head dim: 128, but 64 at hdim 256,
 /// where O's accumulator alone takes 128 registers a thread and 128-key S and P made
 /// ptxas spill at 240.
@@ -90,7 +95,7 @@ pub struct Fp8Descales {
 }
 
 /// The FP8 forward kernel table: `callback! { NAME => OUT_DTYPE, hdim D, keys N; ... }`.
-/// Every entry runs two consumer warpgroups (128-row tiles) with every FA3 technique.
+/// Every entry runs [`block_m`]` / 64` consumer warpgroups with every FA3 technique.
 #[macro_export]
 macro_rules! fp8_kernel_table {
     ($callback:ident) => {
@@ -107,7 +112,7 @@ macro_rules! fp8_kernel_table {
 
 /// The kernel configuration of an FP8 forward entry.
 pub const fn config(hdim: u32, block_n: u32) -> KernelConfig {
-    KernelConfig { hdim, consumer_wgs: BLOCK_M / 64, block_n, cluster: 1, techniques: Techniques::FULL, fp8: true }
+    KernelConfig { hdim, consumer_wgs: block_m(hdim) / 64, block_n, cluster: 1, techniques: Techniques::FULL, fp8: true }
 }
 
 macro_rules! fp8_entries {
@@ -121,7 +126,7 @@ macro_rules! fp8_entries {
             tma_param_bytes: TMA_PARAM_BYTES,
             launch_bounds: config($hdim, $keys).threads(),
             cluster: 1,
-            consumer_wgs: BLOCK_M / 64,
+            consumer_wgs: block_m($hdim) / 64,
             block_n: $keys,
             score_mod: crate::ScoreModKind::None,
             mask: crate::MaskKind::Causal,
@@ -270,8 +275,8 @@ mod tests {
             assert!(l.total <= crate::fa3::MAX_SMEM, "{}: {}", k.name, l.total);
             // e4m3 Q is half of O's 16-bit tile: O cannot be staged in Q's buffer.
             assert!(!l.o_shares_q(), "{}", k.name);
-            assert_eq!(l.q.stage_bytes, BLOCK_M * k.hdim);
-            assert_eq!(l.o.bytes, BLOCK_M * k.hdim * 2);
+            assert_eq!(l.q.stage_bytes, block_m(k.hdim) * k.hdim);
+            assert_eq!(l.o.bytes, block_m(k.hdim) * k.hdim * 2);
         }
         assert!(find(128, DType::BF16).is_some() && find(64, DType::F16).is_some() && find(32, DType::BF16).is_none());
         for k in KERNELS {

@@ -301,7 +301,7 @@ pub fn hadamard_signs(stream: &Arc<CudaStream>, hdim: usize, seed: u64) -> Resul
 /// Rows per scale block of `role` at head dim `hdim`.
 pub fn block_rows(role: Role, hdim: usize) -> usize {
     match role {
-        Role::Q => fp8::BLOCK_M as usize,
+        Role::Q => fp8::block_m(hdim as u32) as usize,
         Role::K | Role::V => fp8::block_n(hdim as u32) as usize,
     }
 }
@@ -498,7 +498,7 @@ pub fn plan_fp8(
         Ok(idx)
     };
     let descales = DescaleParams {
-        q: index(Arg::QDescale, scales[0], hq, sq, fp8::BLOCK_M as usize)?,
+        q: index(Arg::QDescale, scales[0], hq, sq, fp8::block_m(d as u32) as usize)?,
         k: index(Arg::KDescale, scales[1], hk, sk, block_n)?,
         v: index(Arg::VDescale, scales[2], hk, sk, block_n)?,
     };
@@ -530,12 +530,12 @@ pub fn plan_fp8(
     };
     // The forward's schedules: static persistent without a mask over whole query
     // blocks, else persistent CTAs claiming tiles from the stream's counter.
-    let units = sq.div_ceil(fp8::BLOCK_M as usize) * hq * b;
+    let units = sq.div_ceil(fp8::block_m(d as u32) as usize) * hq * b;
     if units > i32::MAX as usize {
         return Err(AttnError::TooLarge(format!("{units} tiles")));
     }
     let persistent = persistent_ctas(units, sm_count, 1);
-    let dynamic = opts.causal || sq % fp8::BLOCK_M as usize != 0;
+    let dynamic = opts.causal || sq % fp8::block_m(d as u32) as usize != 0;
     let tile_counter = (dynamic && units > persistent).then_some(units as u32);
     if tile_counter.is_some() && opts.causal {
         params.section_log2 = section_log2(b * hq, hq / hk, sk, d);
@@ -543,7 +543,7 @@ pub fn plan_fp8(
     // 128-byte chunks of e4m3 (one 64-byte chunk at hdim 64).
     let chunks = d.div_ceil(128) as u32;
     let tma = [
-        TensorMapSpec::bshd(Arg::Q, TmaElem::E4M3, q.addr, &Layout::contiguous(q.shape), fp8::BLOCK_M, chunks)?,
+        TensorMapSpec::bshd(Arg::Q, TmaElem::E4M3, q.addr, &Layout::contiguous(q.shape), fp8::block_m(d as u32), chunks)?,
         TensorMapSpec::bshd(Arg::K, TmaElem::E4M3, k.addr, &Layout::contiguous(k.shape), block_n as u32, chunks)?,
         TensorMapSpec::vt(Arg::V, v.addr, b, hk, d, fp8::vt_len(sk as u32) as usize, block_n as u32)?,
         TensorMapSpec::bshd(Arg::Out, opts.out_dtype, out.0, &Layout::contiguous(q.shape), 64, 1)?,
