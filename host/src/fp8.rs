@@ -102,7 +102,7 @@ impl Fp8Tensor {
 
 /// Keys per row of a transposed V: `common::fp8::vt_len` in `usize` (saturating).
 fn padded_keys(s: usize) -> usize {
-    let step = fp8::K_STEP as usize;
+    let step = fp8::VT_ALIGN as usize;
     s.div_ceil(step).saturating_mul(step)
 }
 
@@ -502,7 +502,10 @@ pub fn plan_fp8(
         k: index(Arg::KDescale, scales[1], hk, sk, block_n)?,
         v: index(Arg::VDescale, scales[2], hk, sk, block_n)?,
     };
-    let kernel = fp8::find(d as u32, opts.out_dtype).ok_or(AttnError::UnsupportedHeadDim { hdim: d, supported: &fp8::HEAD_DIMS })?;
+    // Per-head K and V factors tie no tile to a scale block: the wider tile where there is
+    // one and the keys are many enough.
+    let per_head_kv = [scales[1], scales[2]].iter().all(|s| matches!(s.kind, DescaleKind::PerHead));
+    let kernel = fp8::find(d as u32, opts.out_dtype, per_head_kv, sk as u32).ok_or(AttnError::UnsupportedHeadDim { hdim: d, supported: &fp8::HEAD_DIMS })?;
     let cfg = common::fa3::kernel_config(kernel).ok_or_else(|| AttnError::KernelLoad(kernel.name.into()))?;
     let packed = |shape: [usize; 4]| crate::plan::strides(&Layout::contiguous(shape));
     let mut params = FwdParams {
@@ -544,8 +547,8 @@ pub fn plan_fp8(
     let chunks = d.div_ceil(128) as u32;
     let tma = [
         TensorMapSpec::bshd(Arg::Q, TmaElem::E4M3, q.addr, &Layout::contiguous(q.shape), fp8::block_m(d as u32), chunks)?,
-        TensorMapSpec::bshd(Arg::K, TmaElem::E4M3, k.addr, &Layout::contiguous(k.shape), block_n as u32, chunks)?,
-        TensorMapSpec::vt(Arg::V, v.addr, b, hk, d, fp8::vt_len(sk as u32) as usize, block_n as u32)?,
+        TensorMapSpec::bshd(Arg::K, TmaElem::E4M3, k.addr, &Layout::contiguous(k.shape), kernel.block_n, chunks)?,
+        TensorMapSpec::vt(Arg::V, v.addr, b, hk, d, fp8::vt_len(sk as u32) as usize, kernel.block_n)?,
         TensorMapSpec::bshd(Arg::Out, opts.out_dtype, out.0, &Layout::contiguous(q.shape), 64, 1)?,
     ];
     Ok(FwdPlan {
@@ -661,14 +664,48 @@ mod tests {
     }
 
     #[test]
+    fn transposed_v_rows_are_the_kernels_padded_length() {
+        // The host sizes and checks V's rows as the quantization and forward kernels
+        // address them (`common::fp8::vt_len`), whole chunks of a 64-byte-swizzled tile.
+        for s in [1usize, 17, 31, 32, 33, 63, 64, 65, 190, 777, 4097] {
+            assert_eq!(padded_keys(s), fp8::vt_len(s as u32) as usize, "seqlen {s}");
+            assert_eq!(padded_keys(s) % fp8::VT_ALIGN as usize, 0);
+        }
+        let shape = [2, 777, 4, 128];
+        assert_eq!(Fp8Tensor::needed(shape, Fp8Layout::VTransposed), 2 * 4 * 128 * fp8::vt_len(777) as usize);
+    }
+
+    #[test]
     fn block_scales_index_batch_head_and_block() {
-        // 1000 keys in 128-key blocks: 8 per head; 4 K/V heads, 8 query heads.
-        let p = plan([2, 1000, 8, 128], [2, 1000, 4, 128], [blocks(128, 2 * 8 * 8), blocks(128, 2 * 4 * 8), blocks(128, 2 * 4 * 8)], &Fp8Options::default()).unwrap();
+        // 1000 queries and keys in 128-row blocks (8 per head); 4 K/V heads, 8 query heads.
+        let (bm, bn) = (fp8::block_m(128) as usize, fp8::block_n(128) as usize);
+        assert_eq!((bm, bn), (128, 128));
+        let p = plan([2, 1000, 8, 128], [2, 1000, 4, 128], [blocks(bm, 2 * 8 * 8), blocks(bn, 2 * 4 * 8), blocks(bn, 2 * 4 * 8)], &Fp8Options::default()).unwrap();
         assert_eq!(p.params.fp8.q.offset(1, 3, 2), (8 * 8 + 3 * 8 + 2) as u64);
         assert_eq!(p.params.fp8.k.offset(1, 3, 2), (4 * 8 + 3 * 8 + 2) as u64);
         assert_eq!(p.kernel.name, "fa3_fp8_hdim128_bf16");
         let tma = p.tma.unwrap();
-        assert_eq!(tma[2].dims, [1024, 128, 1, 4, 2], "V's rows padded to whole k-steps");
+        // V's rows padded to whole 64-key chunks; one 128-key chunk a tile.
+        assert_eq!(tma[2].dims, [1024, 128, 1, 4, 2]);
+        assert_eq!(tma[2].box_dims, [128, 128, 1, 1, 1]);
+    }
+
+    #[test]
+    fn per_head_kv_factors_take_the_wide_tile() {
+        let ph = DescaleDesc { kind: DescaleKind::PerHead, addr: 0x40000, len: 8 };
+        // Q's factors may still come per block: only K's and V's tie the key tile.
+        let p = plan([2, 1000, 8, 128], [2, 3000, 4, 128], [blocks(128, 2 * 8 * 8), ph, ph], &Fp8Options::default()).unwrap();
+        assert_eq!((p.kernel.name, p.kernel.block_n), ("fa3_fp8_hdim128_bf16_n192", 192));
+        let tma = p.tma.unwrap();
+        assert_eq!(tma[1].box_dims[1], 192, "K's box is the tile's keys");
+        // Three 64-key chunks of V a tile.
+        assert_eq!(tma[2].dims, [64, 128, 3008 / 64, 4, 2]);
+        assert_eq!(tma[2].box_dims, [64, 128, 3, 1, 1]);
+        // One of K and V with block factors, or fewer keys than `WIDE_MIN_KEYS`: 128 keys.
+        let p = plan([2, 1000, 8, 128], [2, 3000, 4, 128], [ph, ph, blocks(128, 2 * 4 * 24)], &Fp8Options::default()).unwrap();
+        assert_eq!(p.kernel.block_n, 128);
+        let p = plan([2, 1000, 8, 128], [2, 1000, 4, 128], [ph, ph, ph], &Fp8Options::default()).unwrap();
+        assert_eq!(p.kernel.block_n, 128);
     }
 
     #[test]
@@ -683,13 +720,14 @@ mod tests {
 
     #[test]
     fn misuse_gets_typed_errors_naming_the_argument() {
-        let ok = || [blocks(128, 64), blocks(128, 64), blocks(128, 64)];
+        let (bm, bn) = (fp8::block_m(128) as usize, fp8::block_n(128) as usize);
+        let ok = || [blocks(bm, 64), blocks(bn, 64), blocks(bn, 64)];
         let shape = [1, 512, 4, 128];
         // Block size that is not the kernel's tile.
-        let bad = [blocks(64, 1000), blocks(128, 64), blocks(128, 64)];
+        let bad = [blocks(64, 1000), blocks(bn, 64), blocks(bn, 64)];
         assert!(matches!(plan(shape, shape, bad, &Fp8Options::default()), Err(AttnError::BlockSize { arg: Arg::QDescale, got: 64, expected: 128 })));
         // Too few factors.
-        let short = [blocks(128, 16), blocks(128, 15), blocks(128, 16)];
+        let short = [blocks(bm, 16), blocks(bn, 15), blocks(bn, 16)];
         assert!(matches!(plan(shape, shape, short, &Fp8Options::default()), Err(AttnError::OutOfBounds { arg: Arg::KDescale, needed: 16, len: 15 })));
         // hdim 32 has no FP8 kernel.
         let s32 = [1, 512, 4, 32];
@@ -732,7 +770,7 @@ mod tests {
         // The host transpose puts key 3 of a 64-wide head where the kernel reads it.
         let codes: Vec<u8> = (0..2 * 64).map(|i| (i / 64 + 1) as u8).collect();
         let t = transpose_v_codes(&codes, [1, 2, 1, 64]).unwrap();
-        assert_eq!(t.len(), 64 * 32);
+        assert_eq!(t.len(), 64 * fp8::vt_len(2) as usize);
         assert_eq!((t[fp8::vt_position(1) as usize], t[fp8::vt_position(2) as usize]), (2, 0));
     }
 }

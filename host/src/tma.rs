@@ -86,19 +86,24 @@ impl TensorMapSpec {
     }
 
     /// The map of the FP8 forward's transposed V, e4m3 `[b, h, d, keys]` packed with
-    /// `keys` (`common::fp8::vt_len`) per row: `(keys, d, 1, heads, batch)`, a box of
-    /// `block_n` keys by all `d` rows, swizzled over its `block_n`-byte rows.
+    /// `keys` (`common::fp8::vt_len`) per row: a box of `block_n` keys by all `d` rows,
+    /// swizzled over its rows' chunks of `common::fp8::vt_chunk(block_n)` bytes. One
+    /// chunk: `(keys, d, 1, heads, batch)`, keys beyond the row zero-filled. Several:
+    /// `(chunk, d, keys / chunk, heads, batch)` with the chunk dimension strided by its
+    /// bytes (as [`TensorMapSpec::bshd`]'s), so that the chunks land one after another;
+    /// rows are whole chunks (`vt_len`), and chunks past the row are zero-filled.
     pub fn vt(arg: Arg, addr: u64, batch: usize, heads: usize, hdim: usize, keys: usize, block_n: u32) -> Result<Self> {
         let (b, h, d, n) = (batch as u64, heads as u64, hdim as u64, keys as u64);
         check_strides(arg, [n, d * n, h * d * n])?;
-        Ok(TensorMapSpec {
-            elem: TmaElem::E4M3,
-            addr,
-            dims: [n, d, 1, h, b],
-            strides: [n, d * n, d * n, h * d * n],
-            box_dims: [block_n, hdim as u32, 1, 1, 1],
-            swizzle: block_n,
-        })
+        let chunk = common::fp8::vt_chunk(block_n);
+        let (dims, strides, box_dims) = if chunk == block_n {
+            ([n, d, 1, h, b], [n, d * n, d * n, h * d * n], [block_n, hdim as u32, 1, 1, 1])
+        } else {
+            debug_assert!(n % chunk as u64 == 0);
+            let c = chunk as u64;
+            ([c, d, n / c, h, b], [n, c, d * n, h * d * n], [chunk, hdim as u32, block_n / chunk, 1, 1])
+        };
+        Ok(TensorMapSpec { elem: TmaElem::E4M3, addr, dims, strides, box_dims, swizzle: chunk })
     }
 
     /// Bytes one box moves (what a load's mbarrier must expect).
@@ -179,6 +184,13 @@ mod tests {
         assert_eq!(v.dims, [1024, 256, 1, 4, 2]);
         assert_eq!(v.strides, [1024, 256 * 1024, 256 * 1024, 4 * 256 * 1024]);
         assert_eq!((v.box_bytes(), v.swizzle), (64 * 256, 64));
+        // 192 keys (hdim 128): three 64-key chunks of 128 rows, the chunk dimension
+        // strided by 64 B inside the row stride.
+        let v = TensorMapSpec::vt(Arg::V, 0x2000, 2, 4, 128, 1088, 192).unwrap();
+        assert_eq!(v.dims, [64, 128, 1088 / 64, 4, 2]);
+        assert_eq!(v.strides, [1088, 64, 128 * 1088, 4 * 128 * 1088]);
+        assert_eq!(v.box_dims, [64, 128, 3, 1, 1]);
+        assert_eq!((v.box_bytes(), v.swizzle), (192 * 128, 64));
     }
 
     #[test]

@@ -29,8 +29,8 @@ pub trait Operand {
     fn pv<A: WgmmaAcc>(acc: &mut A, p: [u32; 4], desc_v: u64);
     /// The descriptor of a V tile of `block_n` keys at `addr`.
     fn v_desc(addr: u32, block_n: u32) -> u64;
-    /// Byte offset of k-step `kb` (keys) in a V tile.
-    fn v_k_step(kb: u32) -> u32;
+    /// Byte offset of k-step `kb` (keys) in a V tile of `block_n` keys by `hdim`.
+    fn v_k_step(kb: u32, hdim: u32, block_n: u32) -> u32;
 }
 
 /// e4m3 (FP8): Q, K and V of the FP8 forward.
@@ -59,14 +59,16 @@ impl Operand for E4M3 {
     }
     #[inline(always)]
     fn v_desc(addr: u32, block_n: u32) -> u64 {
-        // `hdim` rows of `block_n` keys (bytes): a K-major B operand like a K tile, its
-        // rows one 128 B swizzle span, or at 64 keys a 64 B one.
-        if block_n == 64 { k_major_sw64(addr) } else { k_major_sw128(addr) }
+        // `hdim` rows of `block_n` keys (bytes): a K-major B operand like a K tile, in
+        // chunks of `hdim` rows by one swizzle span (`common::fp8::vt_chunk`).
+        if common::fp8::vt_chunk(block_n) == 64 { k_major_sw64(addr) } else { k_major_sw128(addr) }
     }
     #[inline(always)]
-    fn v_k_step(kb: u32) -> u32 {
-        // Inside one row's swizzle span: 32 bytes a step.
-        32 * kb
+    fn v_k_step(kb: u32, hdim: u32, block_n: u32) -> u32 {
+        // 32 bytes a step inside a chunk; the chunks follow each other.
+        let chunk = common::fp8::vt_chunk(block_n);
+        let steps = chunk / 32;
+        (kb / steps) * hdim * chunk + (kb % steps) * 32
     }
 }
 
@@ -99,7 +101,7 @@ macro_rules! operand_16bit {
                 mn_major_sw128(addr, block_n)
             }
             #[inline(always)]
-            fn v_k_step(kb: u32) -> u32 {
+            fn v_k_step(kb: u32, _hdim: u32, _block_n: u32) -> u32 {
                 mn_major_k_step(kb)
             }
         }

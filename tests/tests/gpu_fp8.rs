@@ -133,6 +133,13 @@ fn cases() -> Vec<Case> {
         }
         v.push(Case { d, out: DType::F16, sq: 257, sk: 1500, hq: 3, hk: 1, causal: true, ..base });
         v.push(Case { d, sq: 1, sk: 17, b: 1, hq: 2, hk: 2, ..base });
+        // From `common::fp8::WIDE_MIN_KEYS` keys, per-head K and V factors run the
+        // wide-tile kernel (`common::fp8::per_head_block_n`): both output types, ragged last
+        // tiles, causal or not, and the exact layout check (one V row per output row).
+        v.push(Case { d, out: DType::F16, sq: 257, sk: 2500, hq: 3, hk: 1, causal: true, scales: Scales::PerHead, ..base });
+        v.push(Case { d, sq: 1000, sk: 2100, scales: Scales::PerHead, ..base });
+        v.push(Case { d, causal: true, sq: 700, sk: 2300, scales: Scales::IntegersPeaked, ..base });
+        v.push(Case { d, sq: 1, sk: 17, b: 1, hq: 2, hk: 2, scales: Scales::PerHead, ..base });
         v.push(Case { d, sq: 4097, sk: 4097, b: 1, hq: 1, hk: 1, causal: true, ..base });
         v.push(Case { d, sq: 300, sk: 90, causal: true, scales: Scales::PerHead, ..base });
         v.push(Case { d, scales: Scales::Integers, ..base });

@@ -495,11 +495,15 @@ fn cpu_demo(causal: bool, variants: &VariantArgs, seed: u64, backward: bool) -> 
 
 fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
     use flash_attn3::reference::fp8::{fp8_accuracy, outlier_tensor, rmse};
-    if !a.hdim.is_power_of_two() || a.heads == 0 || a.block_m == 0 || a.block_n == 0 {
+    // The kernel's scale blocks where it has one, so that both sets of columns match.
+    let kernel_tile = |f: fn(u32) -> u32| if flash_attn3::fp8::HEAD_DIMS.contains(&(a.hdim as u32)) { f(a.hdim as u32) as usize } else { 128 };
+    let block_m = a.block_m.unwrap_or_else(|| kernel_tile(common::fp8::block_m));
+    let block_n = a.block_n.unwrap_or_else(|| kernel_tile(common::fp8::block_n));
+    if !a.hdim.is_power_of_two() || a.heads == 0 || block_m == 0 || block_n == 0 {
         return Err(CliError::Usage("--hdim must be a power of two; --heads, --block-m, --block-n positive".into()));
     }
     let gpu = Gpu::new(a.device).map_err(|e| eprintln!("GPU columns skipped: {e}")).ok();
-    println!("CPU emulation: blocks of {} query rows and {} keys; the FP8 kernel: its own tiles (bf16 inputs)", a.block_m, a.block_n);
+    println!("CPU emulation: blocks of {block_m} query rows and {block_n} keys; the FP8 kernel: its own tiles (bf16 inputs)");
     println!("| seqlen | fp16 naive (CPU) | fp16 kernel (GPU) | FP8 per tensor | FP8 blocks | FP8 blocks + incoherent | per tensor / incoherent | FP8 kernel: per tensor | blocks | blocks + incoherent | per tensor / incoherent |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for &s in &a.seqlens.0 {
@@ -522,7 +526,7 @@ fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
             }
             None => "-".into(),
         };
-        let acc = fp8_accuracy(&q, &k, &v, &exact, a.block_m, a.block_n, &mut r);
+        let acc = fp8_accuracy(&q, &k, &v, &exact, block_m, block_n, &mut r);
         let fp8_kernel = match &gpu {
             Some(g) if flash_attn3::fp8::HEAD_DIMS.contains(&(a.hdim as u32)) => {
                 let [b, c, d] = fp8_kernel_rmse(g, [&q, &k, &v], &exact, a.seed)?;

@@ -28,7 +28,6 @@ use crate::fa3::traits::{FragTile, ProbTile, ScoreTile};
 use crate::ptx::compiler::opaque_u64;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{fence, math, smem};
-use crate::ptx::smem::SmemAddr;
 use crate::fa3::mask::DocSource;
 use crate::fa3::variant::{LogitHook, VariantCall};
 use common::window::Documents;
@@ -135,10 +134,13 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// for `dS` (soft-capping, and user variants whose derivative is not 1).
     const SCALED_DS: bool = K::SOFTCAP || K::Variant::GRAD;
 
-    /// dQ's product issued before dK's, and staged while dK runs (+0.7% geomean, +1.5-1.9%
-    /// at hdim 128 8k-16k; dK before the warpgroups meet, the other order, leaves the tensor
-    /// cores idle while dQ is staged). Not with [`Self::LATE_DP`]: there dQ's accumulator
-    /// beside dK's operands spilled 4-8 bytes.
+    /// dQ's product issued before dK's, and staged while dK runs, with `dSᵀ` in the
+    /// stage's slot (`common::bwd::ds_stages`) so that no barrier waits for the previous
+    /// step's dQ product (+0.7% geomean, +1.5-1.9% at hdim 128 8k-16k; dK before the
+    /// warpgroups meet, the other order, leaves the tensor cores idle while dQ is staged).
+    /// Not with [`Self::LATE_DP`]: there dQ's accumulator beside dK's operands spilled 4-8
+    /// bytes, and the second slot's address 4 (ptxas 13.1, the deterministic windowed
+    /// soft-capping kernel), so those kernels keep one slot and the barrier.
     const DQ_FIRST: bool = !Self::LATE_DP;
 
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
@@ -374,15 +376,14 @@ impl<K: BwdTraits> Consumer<'_, K> {
             return;
         }
 
-        // 4. dSᵀ to its slot of the stage (the other slot may still feed the previous
-        // step's dQ product: `common::bwd::ds_stages`), then this warpgroup's dQ piece
+        // 4. dSᵀ to shared memory (with [`Self::DQ_FIRST`] to its slot of the stage, the
+        // other slot may still feed the previous step's dQ product), then this warpgroup's dQ piece
         // = dS K once both warpgroups' rows are there (where they share dSᵀ, else its
         // own). Its packed pairs are the A fragments' (n-tile j is half j % 2 of k-step
         // j / 2).
         const { assert!(K::SPLIT || common::bwd::ds_stages(K::HDIM) == STAGES) };
         let split = DqSplit::of::<K>(self.wg);
         let shared = DqSplit::shared_ds::<K>();
-        let ds_slot = s.ds_slot::<K>(st.index());
         let q_b = mn_major_sw128(q_slot.0, K::BLOCK_M);
         let issue_dk = |grads: &mut KeyBlockGrads<K>, dsf: &mut <K::Scores as ScoreTile>::Probs| {
             dsf.fence_operand();
@@ -396,9 +397,13 @@ impl<K: BwdTraits> Consumer<'_, K> {
         if !Self::DQ_FIRST {
             // dK += dSᵀ Q runs while dSᵀ is stored and the warpgroups meet.
             issue_dk(grads, &mut dsf);
+            // One slot: the previous step's dQ products (both warpgroups' where they share
+            // dSᵀ) must have read it.
+            NamedBarrier::DsFree.sync_for(self.wg, shared);
         }
+        let ds_stage = if Self::DQ_FIRST { st.index() } else { 0 };
         let packed = |j: usize, r: usize| dsf.step(j / 2)[2 * (j % 2) + r];
-        stage_swizzled(ds_slot, K::BLOCK_N, tile.key0, self.thread_in_wg / 32, lane, <K::Scores as FragTile>::FRAGS, packed);
+        stage_swizzled(s.ds_slot::<K>(ds_stage), K::BLOCK_N, tile.key0, self.thread_in_wg / 32, lane, <K::Scores as FragTile>::FRAGS, packed);
         // The dQ WGMMA reads dSᵀ through the async proxy.
         fence::proxy_async_shared();
         NamedBarrier::DsReady.sync_for(self.wg, shared);
@@ -406,7 +411,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         if Self::DQ_FIRST {
             // dQ, then dK: dQ is staged while dK runs.
             let mut dq = K::DqTile::zeroed();
-            self.issue_dq(&mut dq, split, ds_slot);
+            self.issue_dq(&mut dq, split, st.index());
             issue_dk(grads, &mut dsf);
             gemm::wait::<1>(&mut dq);
             self.dq.stage::<K>(&self.storage, &dq, self.wg, self.thread_in_wg);
@@ -417,7 +422,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         }
 
         // 5. This warpgroup's dQ piece = dS K.
-        let dq = self.finish_products(grads, &mut probs, &mut dsf, split, ds_slot);
+        let dq = self.finish_products(grads, &mut probs, &mut dsf, split, ds_stage);
         self.state.advance();
 
         // 5. dQ: staged for the writer warp.
@@ -428,9 +433,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// key-row: dS is its MN-major transpose, from key row `key0`. K likewise, from key
     /// row `key0` and 64-column chunk `col0 / 64`.
     #[inline(always)]
-    fn issue_dq(&self, dq: &mut K::DqTile, split: DqSplit, ds: SmemAddr) {
+    fn issue_dq(&self, dq: &mut K::DqTile, split: DqSplit, stage: u32) {
         let s = &self.storage;
-        let ds_desc = opaque_u64(mn_major_sw128(ds.add(sw128_rows(K::BLOCK_N, 0, split.key0)).0, K::BLOCK_N));
+        let ds_desc = opaque_u64(mn_major_sw128(s.ds_slot::<K>(stage).add(sw128_rows(K::BLOCK_N, 0, split.key0)).0, K::BLOCK_N));
         let kt_desc = opaque_u64(mn_major_sw128(s.k.slot(0).add(sw128_rows(K::BLOCK_N, split.col0 / 64, split.key0)).0, K::BLOCK_N));
         dq.fence_operand();
         gemm::issue(|| {
@@ -443,9 +448,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// Issues this warpgroup's dQ product, waits for every product of the step, and
     /// releases the stage's Q and dO (with their LSE and D), which it has read.
     #[inline(always)]
-    fn finish_products(&mut self, grads: &mut KeyBlockGrads<K>, probs: &mut <K::Scores as ScoreTile>::Probs, dsf: &mut <K::Scores as ScoreTile>::Probs, split: DqSplit, ds: SmemAddr) -> K::DqTile {
+    fn finish_products(&mut self, grads: &mut KeyBlockGrads<K>, probs: &mut <K::Scores as ScoreTile>::Probs, dsf: &mut <K::Scores as ScoreTile>::Probs, split: DqSplit, stage: u32) -> K::DqTile {
         let mut dq = K::DqTile::zeroed();
-        self.issue_dq(&mut dq, split, ds);
+        self.issue_dq(&mut dq, split, stage);
         gemm::wait::<0>(&mut dq);
         self.release_stage(grads, probs, dsf);
         dq
@@ -506,7 +511,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         });
         // (The dQ writer's release of Q and dO follows once it has added the dQ staged
         // there.)
-        let dq = self.finish_products(grads, probs, dsf, DqSplit::of::<K>(self.wg), s.ds);
+        let dq = self.finish_products(grads, probs, dsf, DqSplit::of::<K>(self.wg), st.index());
         // Both warpgroups' products are done: Q, dO, Pᵀ and dSᵀ are read.
         NamedBarrier::DsFree.sync_for(self.wg, true);
         self.dq.stage_split::<K>(&self.storage, &dq, st.index(), self.wg, self.thread_in_wg);

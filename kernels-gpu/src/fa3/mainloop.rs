@@ -150,7 +150,7 @@ type Probs<K> = <<K as KernelTraits>::Element as Operand>::Probs<<K as KernelTra
 #[inline(always)]
 fn pv<K: KernelTraits>(o: &mut K::Out, p: &Probs<K>, v_desc: u64) {
     for kb in 0..<Probs<K> as ProbTile>::STEPS {
-        K::Element::pv(o, p.step(kb), desc_add(v_desc, K::Element::v_k_step(kb as u32)));
+        K::Element::pv(o, p.step(kb), desc_add(v_desc, K::Element::v_k_step(kb as u32, K::HDIM, K::BLOCK_N)));
     }
 }
 

@@ -111,7 +111,8 @@ impl<K: KernelTraits> Loader<K> {
 
     /// Loads K or V (`map`, `ring`) of key block `block` into slot `st`; returns the next
     /// position. `transposed`: the map is a transposed V's (`[keys, d, 1, h, b]`
-    /// innermost first), whose key coordinate comes first.
+    /// innermost first, whose key coordinate comes first, or by chunks `[chunk keys, d,
+    /// chunks, h, b]`: `host::tma::TensorMapSpec::vt`).
     #[inline(always)]
     fn load_kv(
         &self,
@@ -128,7 +129,15 @@ impl<K: KernelTraits> Loader<K> {
         match self.multicast_rank {
             // SAFETY: the slot holds one box; its full barrier expects the bytes.
             None => unsafe {
-                let coords = if transposed { [row, 0, 0, head, batch] } else { [0, row, 0, head, batch] };
+                // A transposed V of several chunks (`common::fp8::vt_chunk`) is addressed
+                // by chunk: `(chunk keys, d, chunks, h, b)`.
+                let coords = if !transposed {
+                    [0, row, 0, head, batch]
+                } else if common::fp8::vt_chunk(K::BLOCK_N) < K::BLOCK_N {
+                    [0, 0, row / common::fp8::vt_chunk(K::BLOCK_N) as i32, head, batch]
+                } else {
+                    [row, 0, 0, head, batch]
+                };
                 map.load_5d(slot, full, coords, self.leader)
             },
             Some(rank) => {

@@ -223,8 +223,9 @@ macro_rules! score_tile {
     )*};
 }
 
-// Key blocks of 64, 80 and 128; the hdim-256 backward's 32 queries a warpgroup.
-score_tile!(4, 8, 10, 16);
+// Key blocks of 64, 80, 128 and 192 (FP8 at hdim 128); the hdim-256 backward's 32
+// queries a warpgroup.
+score_tile!(4, 8, 10, 16, 24);
 
 impl<const STEPS: usize> ProbTile for [[u32; 4]; STEPS] {
     const STEPS: usize = STEPS;

@@ -196,12 +196,13 @@ pub struct Fp8AccuracyArgs {
     /// Heads (batch 1)
     #[arg(long, value_name = "H", default_value_t = 1)]
     pub heads: usize,
-    /// Query rows per block scale of Q
-    #[arg(long, value_name = "N", default_value_t = 128)]
-    pub block_m: usize,
-    /// Keys per block scale of K and V
-    #[arg(long, value_name = "N", default_value_t = 128)]
-    pub block_n: usize,
+    /// Query rows per block scale of Q in the CPU emulation (default: the FP8 kernel's
+    /// tile at this head dim, as its own columns use; 128 without a kernel)
+    #[arg(long, value_name = "N")]
+    pub block_m: Option<usize>,
+    /// Keys per block scale of K and V in the CPU emulation (default: the FP8 kernel's)
+    #[arg(long, value_name = "N")]
+    pub block_n: Option<usize>,
     /// Seed of the inputs and of the Hadamard signs
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
