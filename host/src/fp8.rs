@@ -481,7 +481,7 @@ pub fn plan_fp8(
     if out.1 < b * sq * hq * d {
         return Err(AttnError::OutOfBounds { arg: Arg::Out, needed: b * sq * hq * d, len: out.1 });
     }
-    let block_n = fp8::block_n(d as u32) as usize;
+    let (block_m, block_n) = (fp8::block_m(d as u32) as usize, fp8::block_n(d as u32) as usize);
     let index = |arg: Arg, s: &DescaleDesc, heads: usize, seqlen: usize, rows: usize| -> Result<ScaleIndex> {
         let (needed, idx) = match s.kind {
             DescaleKind::PerHead => {
@@ -498,7 +498,7 @@ pub fn plan_fp8(
         Ok(idx)
     };
     let descales = DescaleParams {
-        q: index(Arg::QDescale, scales[0], hq, sq, fp8::block_m(d as u32) as usize)?,
+        q: index(Arg::QDescale, scales[0], hq, sq, block_m)?,
         k: index(Arg::KDescale, scales[1], hk, sk, block_n)?,
         v: index(Arg::VDescale, scales[2], hk, sk, block_n)?,
     };
@@ -533,12 +533,12 @@ pub fn plan_fp8(
     };
     // The forward's schedules: static persistent without a mask over whole query
     // blocks, else persistent CTAs claiming tiles from the stream's counter.
-    let units = sq.div_ceil(fp8::block_m(d as u32) as usize) * hq * b;
+    let units = sq.div_ceil(block_m) * hq * b;
     if units > i32::MAX as usize {
         return Err(AttnError::TooLarge(format!("{units} tiles")));
     }
     let persistent = persistent_ctas(units, sm_count, 1);
-    let dynamic = opts.causal || sq % fp8::block_m(d as u32) as usize != 0;
+    let dynamic = opts.causal || sq % block_m != 0;
     let tile_counter = (dynamic && units > persistent).then_some(units as u32);
     if tile_counter.is_some() && opts.causal {
         params.section_log2 = section_log2(b * hq, hq / hk, sk, d);
@@ -546,7 +546,7 @@ pub fn plan_fp8(
     // 128-byte chunks of e4m3 (one 64-byte chunk at hdim 64).
     let chunks = d.div_ceil(128) as u32;
     let tma = [
-        TensorMapSpec::bshd(Arg::Q, TmaElem::E4M3, q.addr, &Layout::contiguous(q.shape), fp8::block_m(d as u32), chunks)?,
+        TensorMapSpec::bshd(Arg::Q, TmaElem::E4M3, q.addr, &Layout::contiguous(q.shape), block_m as u32, chunks)?,
         TensorMapSpec::bshd(Arg::K, TmaElem::E4M3, k.addr, &Layout::contiguous(k.shape), kernel.block_n, chunks)?,
         TensorMapSpec::vt(Arg::V, v.addr, b, hk, d, fp8::vt_len(sk as u32) as usize, kernel.block_n)?,
         TensorMapSpec::bshd(Arg::Out, opts.out_dtype, out.0, &Layout::contiguous(q.shape), 64, 1)?,

@@ -376,11 +376,11 @@ impl<K: BwdTraits> Consumer<'_, K> {
             return;
         }
 
-        // 4. dSᵀ to shared memory (with [`Self::DQ_FIRST`] to its slot of the stage, the
-        // other slot may still feed the previous step's dQ product), then this warpgroup's dQ piece
-        // = dS K once both warpgroups' rows are there (where they share dSᵀ, else its
-        // own). Its packed pairs are the A fragments' (n-tile j is half j % 2 of k-step
-        // j / 2).
+        // 4. dSᵀ to shared memory (with [`Self::DQ_FIRST`] to its slot of the stage: the
+        // other slot may still feed the previous step's dQ product), then this
+        // warpgroup's dQ piece = dS K once both warpgroups' rows are there (where they
+        // share dSᵀ, else its own). Its packed pairs are the A fragments' (n-tile j is
+        // half j % 2 of k-step j / 2).
         const { assert!(K::SPLIT || common::bwd::ds_stages(K::HDIM) == STAGES) };
         let split = DqSplit::of::<K>(self.wg);
         let shared = DqSplit::shared_ds::<K>();
@@ -411,7 +411,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         if Self::DQ_FIRST {
             // dQ, then dK: dQ is staged while dK runs.
             let mut dq = K::DqTile::zeroed();
-            self.issue_dq(&mut dq, split, st.index());
+            self.issue_dq(&mut dq, split, ds_stage);
             issue_dk(grads, &mut dsf);
             gemm::wait::<1>(&mut dq);
             self.dq.stage::<K>(&self.storage, &dq, self.wg, self.thread_in_wg);

@@ -131,10 +131,11 @@ impl<K: KernelTraits> Loader<K> {
             None => unsafe {
                 // A transposed V of several chunks (`common::fp8::vt_chunk`) is addressed
                 // by chunk: `(chunk keys, d, chunks, h, b)`.
+                let chunk = common::fp8::vt_chunk(K::BLOCK_N);
                 let coords = if !transposed {
                     [0, row, 0, head, batch]
-                } else if common::fp8::vt_chunk(K::BLOCK_N) < K::BLOCK_N {
-                    [0, 0, row / common::fp8::vt_chunk(K::BLOCK_N) as i32, head, batch]
+                } else if chunk < K::BLOCK_N {
+                    [0, 0, row / chunk as i32, head, batch]
                 } else {
                     [row, 0, 0, head, batch]
                 };
