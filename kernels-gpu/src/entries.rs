@@ -19,18 +19,19 @@ macro_rules! fa2_entries {
 
 common::fa2_kernel_table!(fa2_entries);
 
-/// The score-modification type of a kernel table's `ScoreModKind` name.
+/// The score-modification type of a kernel table's `ScoreModKind` name at head dim `$d`.
 macro_rules! score_mod_type {
-    (None) => {
+    (None, $d:literal) => {
         fa3::mask::NoScoreMod
     };
-    (Softcap) => {
+    (Softcap, $d:literal) => {
         fa3::mask::Softcap
     };
-    (Alibi) => {
-        fa3::mask::Alibi
+    // hdim 256's consumers have no registers for ALiBi's row constants.
+    (Alibi, $d:literal) => {
+        fa3::mask::Alibi<{ $d != 256 }>
     };
-    (SoftcapAlibi) => {
+    (SoftcapAlibi, $d:literal) => {
         fa3::mask::SoftcapAlibi
     };
 }
@@ -61,7 +62,7 @@ macro_rules! docs_type {
 /// The FA3 entry points, from `common::fa3_kernel_table`.
 macro_rules! fa3_entries {
     ($($name:ident => $dtype:ident, hdim $d:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {$(
-        crate::fa3_entry!(stringify!($name), $dtype, hdim $d, wgs $wgs, keys $keys, cluster $cluster, $tech, score_mod_type!($score_mod), mask_type!($mask));
+        crate::fa3_entry!(stringify!($name), $dtype, hdim $d, wgs $wgs, keys $keys, cluster $cluster, $tech, score_mod_type!($score_mod, $d), mask_type!($mask));
     )*};
 }
 

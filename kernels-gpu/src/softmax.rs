@@ -63,7 +63,7 @@ impl OnlineSoftmax {
     /// accumulator stays as it is.
     #[inline(always)]
     pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32) -> Option<[f32; 2]> {
-        self.update_offset(s, scale_log2, 1.0, 0.0, LAZY_RESCALE)
+        self.update_offset(s, scale_log2, 1.0, None, 0.0, LAZY_RESCALE)
     }
 
     /// [`Self::update`] for the scores `s · s_factor` (`s_factor > 0`: the block's
@@ -74,15 +74,31 @@ impl OnlineSoftmax {
     /// range), and lazy rescaling only when `lazy` (the FP8 forward keeps the exact max:
     /// with e4m3's 3 mantissa bits, a row's largest weight rounded away from a power of
     /// two costs up to 6%). The 16-bit kernels pass 1 and 0, which fold away.
+    /// `row_bias`: an amount added to every score of a row (after `s_factor`), folded in
+    /// per row (ALiBi's row constant, `crate::fa3::mask::ScoreMod::apply`).
     #[inline(always)]
-    pub fn update_offset<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32, s_factor: f32, offset_log2: f32, lazy: bool) -> Option<[f32; 2]> {
+    pub fn update_offset<const NT: usize>(
+        &mut self,
+        s: &mut [Frag; NT],
+        scale_log2: f32,
+        s_factor: f32,
+        row_bias: Option<[f32; 2]>,
+        offset_log2: f32,
+        lazy: bool,
+    ) -> Option<[f32; 2]> {
         let mut m = self.row_max;
         for (r, m) in m.iter_mut().enumerate() {
             let mut block = f32::NEG_INFINITY;
             for f in s.iter() {
                 block = fmax(block, fmax(f[2 * r], f[2 * r + 1]));
             }
-            *m = fmax(*m, quad_max(block) * s_factor);
+            // A lane's bias is its own (it may hold the row's columns at another offset):
+            // added before the quad's max. `-inf` (no visible key) stays `-inf`.
+            let block = match row_bias {
+                Some(b) => quad_max(block * s_factor + b[r]),
+                None => quad_max(block) * s_factor,
+            };
+            *m = fmax(*m, block);
         }
         // `-inf` old maxima always move (to any finite max); `-inf` new maxima never do.
         let threshold = if lazy { RESCALE_THRESHOLD_LOG2 } else { 0.0 };
@@ -104,6 +120,7 @@ impl OnlineSoftmax {
         let step_scale = scale_log2 * s_factor;
         for r in 0..2 {
             let m_scaled = scaled_max(self.row_max[r], scale_log2) - offset_log2;
+            let m_scaled = row_bias.map_or(m_scaled, |b| fma(-b[r], scale_log2, m_scaled));
             let mut sum = 0.0f32;
             for f in s.iter_mut() {
                 for e in 0..2 {

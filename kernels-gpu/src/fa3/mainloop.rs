@@ -233,7 +233,7 @@ impl<K: KernelTraits> Steps<'_, K> {
     fn softmax<const MASKED: bool>(&self, s: &mut K::Scores, sm: &mut OnlineSoftmax, i: u32, needs_mask: bool) -> Option<[f32; 2]> {
         let block = if K::Mask::SPARSE { self.tile.key_block::<K>(self.p, i) } else { self.top - 1 - i };
         let col_2t = (block * K::BLOCK_N) as i32 + self.col_2t;
-        self.score_mod.apply(s, self.row_g, col_2t);
+        let row_bias = self.score_mod.apply(s, self.row_g, col_2t);
         if MASKED && needs_mask {
             self.mask.apply_with(self.p, self.tile.batch, s, col_2t);
         }
@@ -241,9 +241,9 @@ impl<K: KernelTraits> Steps<'_, K> {
             // K's per-block factor scales this block's scores (1 with per-head factors,
             // which are in `scale_log2`).
             let k = descale::k_block(self.p, self.tile, self.top - 1 - i).unwrap_or(1.0);
-            return s.softmax_update(sm, self.scale_log2, k, common::fp8::P_EXP2_OFFSET, false);
+            return s.softmax_update(sm, self.scale_log2, k, row_bias, common::fp8::P_EXP2_OFFSET, false);
         }
-        s.softmax_update(sm, self.p.scale_log2, 1.0, 0.0, crate::softmax::LAZY_RESCALE)
+        s.softmax_update(sm, self.p.scale_log2, 1.0, row_bias, 0.0, crate::softmax::LAZY_RESCALE)
     }
 }
 

@@ -13,6 +13,7 @@
 //! `j`, keys `col_2t + 8j` and `+1` (the tensor-core C layout, see `crate::softmax`).
 use super::scheduler::Tile;
 use super::traits::FragTile;
+use crate::ptx::math::{abs, fma, vote_all};
 use common::FwdParams;
 use common::fa3::whole_key_blocks;
 use common::window::{DocumentBounds, Documents, KeyRanges, NoDocuments};
@@ -107,9 +108,15 @@ pub trait ScoreMod: Copy {
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self;
 
     /// Modifies this lane's scores in place (coordinates as for [`Mask::apply_with`]).
+    /// May return a bias per row (this lane's rows g, g + 8) still to be added to each of
+    /// the lane's scores of the row: the softmax adds it once per row (to the lane's block
+    /// maximum before the quad's reduction, and to the `exp2` offset), so a hook that
+    /// splits its change into a per-score part and a row constant saves an operation per
+    /// score. Lanes may return different constants. `None` (the usual answer) adds
+    /// nothing.
     /// (No parameter block here: passing it moved ALiBi's offset into the loop, -1.2% at
     /// hdim 128.)
-    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32);
+    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) -> Option<[f32; 2]>;
 }
 
 /// The keys past `seqlen_k`, and when the call is causal (a run-time flag of the
@@ -213,7 +220,9 @@ impl ScoreMod for NoScoreMod {
     }
 
     #[inline(always)]
-    fn apply<S: FragTile>(&self, _: &mut S, _: i32, _: i32) {}
+    fn apply<S: FragTile>(&self, _: &mut S, _: i32, _: i32) -> Option<[f32; 2]> {
+        None
+    }
 }
 
 /// Soft-capping (`common::ScoreModKind::Softcap`): logits `c · tanh(S · scale / c)`. The
@@ -231,13 +240,14 @@ impl ScoreMod for Softcap {
     }
 
     #[inline(always)]
-    fn apply<S: FragTile>(&self, s: &mut S, _: i32, _: i32) {
+    fn apply<S: FragTile>(&self, s: &mut S, _: i32, _: i32) -> Option<[f32; 2]> {
         for j in 0..S::FRAGS {
             let f = s.frag_mut(j);
             for i in 0..4 {
                 f[i] = crate::ptx::math::tanh(f[i] * self.scale);
             }
         }
+        None
     }
 }
 
@@ -247,7 +257,7 @@ impl ScoreMod for Softcap {
 #[derive(Clone, Copy)]
 pub struct SoftcapAlibi {
     softcap: Softcap,
-    alibi: Alibi,
+    alibi: Alibi<false>,
 }
 
 impl ScoreMod for SoftcapAlibi {
@@ -257,23 +267,27 @@ impl ScoreMod for SoftcapAlibi {
     }
 
     #[inline(always)]
-    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) {
+    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) -> Option<[f32; 2]> {
         self.softcap.apply(s, row_g, col_2t);
-        self.alibi.apply(s, row_g, col_2t);
+        self.alibi.apply(s, row_g, col_2t)
     }
 }
 
 /// ALiBi (`common::ScoreModKind::Alibi`): `S − (slope / scale) · |i + seqlen_k − seqlen_q − j|`,
 /// which the softmax's scale turns into the logits `scale · S − slope · |...|`.
+/// `ROW_SPLIT`: blocks on one side of every diagonal of a warp's rows take the bias as a
+/// per-score FMA and a row constant ([`Alibi::apply_one_side`]); without it (the kernels
+/// whose consumers have no two registers to spare: hdim 256, and with soft-capping) every
+/// score pays the distance.
 #[derive(Clone, Copy)]
-pub struct Alibi {
+pub struct Alibi<const ROW_SPLIT: bool = true> {
     /// The head's slope in raw-score units.
     slope: f32,
     /// `seqlen_k − seqlen_q`: row `i`'s diagonal key.
     offset: i32,
 }
 
-impl ScoreMod for Alibi {
+impl<const ROW_SPLIT: bool> ScoreMod for Alibi<ROW_SPLIT> {
     #[inline(always)]
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
         let at = p.alibi_slopes + 4 * (batch as u64 * p.alibi_batch_stride as u64 + head as u64);
@@ -283,16 +297,69 @@ impl ScoreMod for Alibi {
     }
 
     #[inline(always)]
-    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) {
+    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) -> Option<[f32; 2]> {
+        if !ROW_SPLIT {
+            for j in 0..S::FRAGS {
+                let f = s.frag_mut(j);
+                for r in 0..2 {
+                    let diag = self.diag(row_g, col_2t, r) - 8 * j as i32;
+                    for c in 0..2 {
+                        let dist = (diag - c as i32).unsigned_abs() as f32;
+                        f[2 * r + c] = fma(-self.slope, dist, f[2 * r + c]);
+                    }
+                }
+            }
+            return None;
+        }
+        if let Some(bias) = self.apply_one_side(s, row_g, col_2t) {
+            return Some(bias);
+        }
+        // A diagonal crosses the block: the distance per score, in f32 (an FMA with an
+        // immediate and a subtraction of its absolute value).
+        let at_diag = [0, 1].map(|r| self.slope * self.diag(row_g, col_2t, r) as f32);
         for j in 0..S::FRAGS {
             let f = s.frag_mut(j);
-            for r in 0..2 {
-                let diag = row_g + 8 * r as i32 + self.offset - col_2t - 8 * j as i32;
-                for c in 0..2 {
-                    let dist = (diag - c as i32).unsigned_abs() as f32;
-                    f[2 * r + c] = crate::ptx::math::fma(-self.slope, dist, f[2 * r + c]);
+            for i in 0..4 {
+                let k = (8 * j + i % 2) as f32;
+                f[i] -= abs(fma(-self.slope, k, at_diag[i / 2]));
+            }
+        }
+        Some([0.0; 2])
+    }
+}
+
+impl<const ROW_SPLIT: bool> Alibi<ROW_SPLIT> {
+    /// Row `r`'s (g, g + 8) diagonal key relative to the lane's first column `col_2t`:
+    /// the lane's score `(r, 8j + c)` lies `diag - 8j - c` keys left of it.
+    #[inline(always)]
+    fn diag(&self, row_g: i32, col_2t: i32, r: usize) -> i32 {
+        row_g + 8 * r as i32 + self.offset - col_2t
+    }
+
+    /// Where the block lies on one side of every diagonal of the warp's rows (all blocks
+    /// but those the diagonals cross), `|diag - k| = σ (diag - k)` over the lane's columns
+    /// `k = 8j + c` with one sign `σ`: each score takes `σ · slope · k` (one FMA with an
+    /// immediate) and the rows' `-σ · slope · diag` is returned, for the softmax to add
+    /// per row. `None` (scores untouched) where a diagonal crosses the block. Warp votes
+    /// keep the choice warp-uniform.
+    #[inline(always)]
+    fn apply_one_side<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) -> Option<[f32; 2]> {
+        // Row g + 8's diagonal lies 8 keys right of row g's.
+        let right = vote_all(self.diag(row_g, col_2t, 0) >= 8 * S::FRAGS as i32 - 7);
+        let left = vote_all(self.diag(row_g, col_2t, 1) <= 0);
+        if !(right || left) {
+            return None;
+        }
+        let signed = if right { self.slope } else { -self.slope };
+        for j in 0..S::FRAGS {
+            let f = s.frag_mut(j);
+            for i in 0..4 {
+                // Column 0's term is 0 (`fma` is opaque to the compiler).
+                if j > 0 || i % 2 > 0 {
+                    f[i] = fma(signed, (8 * j + i % 2) as f32, f[i]);
                 }
             }
         }
+        Some([0, 1].map(|r| -signed * self.diag(row_g, col_2t, r) as f32))
     }
 }

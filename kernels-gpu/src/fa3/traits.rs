@@ -125,9 +125,10 @@ pub trait FragTile: Copy {
     /// Sets to `-inf` the scores of keys outside `[first[r], end[r])` in row `r` of this
     /// lane (see [`mask_columns_outside`]).
     fn mask_columns_outside(&mut self, col_2t: i32, first: [i32; 2], end: [i32; 2]);
-    /// Folds the tile, times `s_factor`, into the running statistics (see
-    /// [`OnlineSoftmax::update_offset`]); the probabilities come out times `2^offset_log2`.
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, offset_log2: f32, lazy: bool) -> Option<[f32; 2]>;
+    /// Folds the tile, times `s_factor`, plus `row_bias` per row, into the running
+    /// statistics (see [`OnlineSoftmax::update_offset`]); the probabilities come out times
+    /// `2^offset_log2`.
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, row_bias: Option<[f32; 2]>, offset_log2: f32, lazy: bool) -> Option<[f32; 2]>;
 }
 
 impl<const N: usize> FragTile for [Frag; N] {
@@ -157,8 +158,8 @@ impl<const N: usize> FragTile for [Frag; N] {
         mask_columns_outside(self, col_2t, first, end)
     }
     #[inline(always)]
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, offset_log2: f32, lazy: bool) -> Option<[f32; 2]> {
-        softmax.update_offset(self, scale_log2, s_factor, offset_log2, lazy)
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, row_bias: Option<[f32; 2]>, offset_log2: f32, lazy: bool) -> Option<[f32; 2]> {
+        softmax.update_offset(self, scale_log2, s_factor, row_bias, offset_log2, lazy)
     }
 }
 

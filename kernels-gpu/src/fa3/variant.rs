@@ -289,7 +289,7 @@ impl<V: Variant, const MASK: bool> ScoreMod for UserScore<V, MASK> {
     /// Coordinates as in [`super::mask::Mask::apply_with`]: rows `row_g`, `row_g + 8`;
     /// in n-tile `j` keys `col_2t + 8j` and `+ 1`.
     #[inline(always)]
-    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) {
+    fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) -> Option<[f32; 2]> {
         let call = VariantCall { args: &self.args, seqlen_q: &self.seqlen_q, seqlen_k: &self.seqlen_k };
         for j in 0..S::FRAGS {
             let f = s.frag_mut(j);
@@ -301,6 +301,7 @@ impl<V: Variant, const MASK: bool> ScoreMod for UserScore<V, MASK> {
                 }
             }
         }
+        None
     }
 }
 

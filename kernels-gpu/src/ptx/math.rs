@@ -146,6 +146,15 @@ pub fn sqrt(x: f32) -> f32 {
     r
 }
 
+/// `|x|` (ptxas folds it into the operand of the instruction that reads it).
+#[inline(always)]
+pub fn abs(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic.
+    unsafe { asm!("abs.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r
+}
+
 /// Fused `a * b + c`, rounded once.
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
