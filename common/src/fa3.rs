@@ -237,14 +237,28 @@ pub const fn consumer_wgs(hdim: u32) -> u32 {
 
 /// Consumer warpgroups of the kernel with score modification `score_mod` and mask
 /// `mask`: the plain kernels' [`consumer_wgs`], except two at hdim 64 with a score
-/// modification or documents (at three, soft-capping's tanh, ALiBi's distances and the
-/// documents' loaded bounds made the 160-register consumers spill).
+/// modification or documents (at three with 128-key blocks, soft-capping's tanh, ALiBi's
+/// distances and the documents' loaded bounds made the 160-register consumers spill),
+/// and three on 64-key blocks where [`three_wgs_short_keys`].
 pub const fn consumer_wgs_of(hdim: u32, score_mod: crate::ScoreModKind, mask: crate::MaskKind) -> u32 {
+    if three_wgs_short_keys(hdim, score_mod, mask) {
+        return 3;
+    }
     match (score_mod, mask) {
         (crate::ScoreModKind::None, crate::MaskKind::Causal | crate::MaskKind::Local) => consumer_wgs(hdim),
         _ if hdim == 64 => 2,
         _ => consumer_wgs(hdim),
     }
+}
+
+/// Whether the kernel with score modification `score_mod` and mask `mask` runs three
+/// consumer warpgroups on 64-key blocks: soft-capping at hdim 64 without a window. Its
+/// softmax (two SFU ops per score) outlasts the GEMMs of one other warpgroup; with three it
+/// hides behind two others' GEMMs, and 64-key blocks keep S, O and P within the 160
+/// registers (128-key blocks spilled). +1.5-6% over two warpgroups; the same at hdim 128
+/// (Q out of registers) and for ALiBi at hdim 64 measured level (`docs/perf-history.md`).
+pub const fn three_wgs_short_keys(hdim: u32, score_mod: crate::ScoreModKind, mask: crate::MaskKind) -> bool {
+    hdim == 64 && matches!(score_mod, crate::ScoreModKind::Softcap) && matches!(mask, crate::MaskKind::Causal)
 }
 
 /// Query rows per CTA of the FA3 kernels at a head dim.
@@ -273,7 +287,10 @@ pub const fn key_block(hdim: u32, seqlen_k: u32) -> u32 {
 /// The key block of the kernel with mask `mask`: [`key_block`], except 64 at hdim 256
 /// with a sliding window (its 80-key kernel spilled: the window's bounds on top of the
 /// 188 registers O, S and P take there; 64 is 1.4% behind 80 at 16k without a mask).
-pub const fn key_block_of(hdim: u32, seqlen_k: u32, mask: crate::MaskKind) -> u32 {
+pub const fn key_block_of(hdim: u32, seqlen_k: u32, score_mod: crate::ScoreModKind, mask: crate::MaskKind) -> u32 {
+    if three_wgs_short_keys(hdim, score_mod, mask) {
+        return 64;
+    }
     match mask {
         crate::MaskKind::Local | crate::MaskKind::Document if hdim == 256 => 64,
         _ => key_block(hdim, seqlen_k),
@@ -448,11 +465,11 @@ macro_rules! fa3_kernel_table {
             fa3_fwd_hdim128_bf16_nopingpong => BF16, hdim 128, wgs 2, keys 128, cluster 1, NO_PINGPONG, None, Causal;
             fa3_fwd_hdim128_f16_nooverlap => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_OVERLAP, None, Causal;
             fa3_fwd_hdim128_f16_nows => F16, hdim 128, wgs 2, keys 128, cluster 1, NO_WARP_SPECIALIZATION, None, Causal;
-            fa3_fwd_hdim64_f16_softcap => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim64_f16_softcap => F16, hdim 64, wgs 3, keys 64, cluster 1, FULL, Softcap, Causal;
             fa3_fwd_hdim128_f16_softcap => F16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Causal;
             fa3_fwd_hdim256_f16_softcap => F16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap, Causal;
             fa3_fwd_hdim256_f16_n64_softcap => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Causal;
-            fa3_fwd_hdim64_bf16_softcap => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Causal;
+            fa3_fwd_hdim64_bf16_softcap => BF16, hdim 64, wgs 3, keys 64, cluster 1, FULL, Softcap, Causal;
             fa3_fwd_hdim128_bf16_softcap => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Causal;
             fa3_fwd_hdim256_bf16_softcap => BF16, hdim 256, wgs 2, keys 80, cluster 1, FULL, Softcap, Causal;
             fa3_fwd_hdim256_bf16_n64_softcap => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Causal;
@@ -719,7 +736,7 @@ mod tests {
                             if mask == crate::MaskKind::Document && score_mod == crate::ScoreModKind::Alibi {
                                 continue;
                             }
-                            let (wgs, keys) = (consumer_wgs_of(hdim, score_mod, mask), key_block_of(hdim, seqlen_k, mask));
+                            let (wgs, keys) = (consumer_wgs_of(hdim, score_mod, mask), key_block_of(hdim, seqlen_k, score_mod, mask));
                             assert!(
                                 crate::find_kernel(Algo::Fa3(Techniques::FULL), hdim, dtype, 1, seqlen_k, score_mod, mask)
                                     .is_some_and(|k| k.consumer_wgs == wgs && k.block_n == keys),

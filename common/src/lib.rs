@@ -214,7 +214,7 @@ impl KernelEntry {
 pub fn find_kernel(algo: Algo, hdim: u32, dtype: DType, cluster: u32, seqlen_k: u32, score_mod: ScoreModKind, mask: MaskKind) -> Option<&'static KernelEntry> {
     let (wgs, block_n) = match algo {
         Algo::Fa2 => (0, 0),
-        Algo::Fa3(_) => (fa3::consumer_wgs_of(hdim, score_mod, mask), fa3::key_block_of(hdim, seqlen_k, mask)),
+        Algo::Fa3(_) => (fa3::consumer_wgs_of(hdim, score_mod, mask), fa3::key_block_of(hdim, seqlen_k, score_mod, mask)),
     };
     KERNELS.iter().find(|k| {
         k.kind == KernelKind::Forward

@@ -527,22 +527,23 @@ fn softcap_must_be_finite_and_positive() {
 
 #[test]
 fn softcap_picks_the_soft_capping_kernel_and_folds_the_cap_into_the_softmax_scale() {
-    for (hdim, seqlen_k, name, wgs) in [
-        (64, 500, "fa3_fwd_hdim64_bf16_softcap", 2),
-        (128, 500, "fa3_fwd_hdim128_bf16_softcap", 2),
-        (256, 500, "fa3_fwd_hdim256_bf16_n64_softcap", 2),
-        (256, 8192, "fa3_fwd_hdim256_bf16_softcap", 2),
+    // hdim 64: three consumer warpgroups on 64-key blocks (`common::fa3::three_wgs_short_keys`).
+    for (hdim, seqlen_k, name, wgs, keys) in [
+        (64, 500, "fa3_fwd_hdim64_bf16_softcap", 3, 64),
+        (128, 500, "fa3_fwd_hdim128_bf16_softcap", 2, 128),
+        (256, 500, "fa3_fwd_hdim256_bf16_n64_softcap", 2, 64),
+        (256, 8192, "fa3_fwd_hdim256_bf16_softcap", 2, 80),
     ] {
         let mut call = Call::shaped([2, 300, 8, hdim], [2, seqlen_k, 2, hdim], DType::BF16);
         call.opts = call.opts.softcap(30.0).causal(true);
         let plan = call.plan().unwrap();
-        assert_eq!((plan.kernel.name, plan.kernel.consumer_wgs), (name, wgs));
+        assert_eq!((plan.kernel.name, plan.kernel.consumer_wgs, plan.kernel.block_n), (name, wgs, keys));
         assert_eq!(plan.kernel.score_mod, common::ScoreModKind::Softcap);
         let scale = 1.0 / (hdim as f32).sqrt();
         assert!((plan.params.softcap_scale - scale / 30.0).abs() < 1e-9);
         assert!((plan.params.scale_log2 - 30.0 * std::f32::consts::LOG2_E).abs() < 1e-5);
         assert_eq!(plan.params.softmax_scale, 30.0, "the LSE is c times the tanh's max plus the log-sum");
-        // 128 query rows per tile at hdim 64 (two consumer warpgroups).
+        // 64 query rows per consumer warpgroup in Q's box.
         assert_eq!(call.plan().unwrap().tma.unwrap()[0].box_dims[1], 64 * wgs);
     }
     // The plain kernel stays without it.
