@@ -54,12 +54,7 @@ impl DqStager {
             // SAFETY: inside this warpgroup's slot; 16 B aligned.
             unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
         }
-        // The bulk reduction reads through the async proxy.
-        fence::proxy_async_shared();
-        NamedBarrier::Epilogue.sync(wg);
-        if thread_in_wg == 0 {
-            storage.dq.full(wg).arrive();
-        }
+        Self::publish(storage, wg, wg, thread_in_wg);
         self.phase ^= 1;
     }
 
@@ -78,11 +73,18 @@ impl DqStager {
             // SAFETY: inside the 32 KB slot (two pieces); 16 B aligned.
             unsafe { smem::st_v4_u32(at, dq.frag(j as usize).map(f32::to_bits)) };
         }
-        // The bulk reduction reads through the async proxy.
+        Self::publish(storage, stage, wg, thread_in_wg);
+    }
+
+    /// After warpgroup `wg`'s stores: makes them visible to the bulk reduction (which
+    /// reads through the async proxy) and, once the whole warpgroup has stored, signals
+    /// dQ full barrier `full`.
+    #[inline(always)]
+    fn publish(storage: &BwdStorage, full: u32, wg: u32, thread_in_wg: u32) {
         fence::proxy_async_shared();
         NamedBarrier::Epilogue.sync(wg);
         if thread_in_wg == 0 {
-            storage.dq.full(stage).arrive();
+            storage.dq.full(full).arrive();
         }
     }
 }
