@@ -6,22 +6,21 @@
 # build's `gpu` test binary in .device/exp/new (scripts/test-binaries.py), then
 # `tar czf .device/ab.tgz -C .device exp` and carry .device/ab.tgz.
 # usage (device): scripts/alibi-ab.sh   (writes $OUT/gpu_alibi.log, $OUT/alibi_ab.csv)
-set -uo pipefail
 cd "$(dirname "$0")/.."
-tar xzf .device/ab.tgz -C .device
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+source scripts/device-env.sh
+unpack_exp
 FA3_REQUIRE_GPU=1 timeout 200 .device/exp/new/gpu alibi > "$OUT"/gpu_alibi.log 2>&1; echo "tests rc=$?"
 grep -E "test result" "$OUT"/gpu_alibi.log | tail -1
 A="--dtype bf16 --hdims 64,128 --seqlens 4096,16384 --causal both"
 for r in 1 2 3; do
-  for v in base new; do timeout 120 .device/exp/$v/fa3 bench $A --alibi --csv /tmp/alibi_${v}_r$r.csv > /dev/null || echo "fail $v $r"; done
-  timeout 120 .device/exp/new/fa3 bench $A --csv /tmp/plain_r$r.csv > /dev/null || echo "fail plain $r"
+  for v in base new; do timeout 120 .device/exp/$v/fa3 bench $A --alibi --csv "$TMP"/alibi_${v}_r$r.csv > /dev/null || echo "fail $v $r"; done
+  timeout 120 .device/exp/new/fa3 bench $A --csv "$TMP"/plain_r$r.csv > /dev/null || echo "fail plain $r"
 done
 # Rows labelled by series and round (alibi_base_r1, plain_r2, ...).
-for f in /tmp/alibi_*_r*.csv /tmp/plain_r*.csv; do n=$(basename "$f" .csv); sed "s/^/$n,/" "$f"; done > "$OUT"/alibi_ab.csv
+scripts/label-rows.sh "$TMP"/*.csv > "$OUT"/alibi_ab.csv
 python3 - "$OUT"/alibi_ab.csv <<'PY'
 import collections, sys
-rows = [l.strip().split(",") for l in open(sys.argv[1]) if "tflops" not in l]
+rows = [l.strip().split(",") for l in open(sys.argv[1])]
 d = collections.defaultdict(list)
 for r in rows:
     d[(r[0].rsplit("_r", 1)[0], tuple(r[2:-2]))].append(float(r[-1]))

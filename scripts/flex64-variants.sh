@@ -1,18 +1,18 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # GPU machine: hdim 64, 4k, causal, bf16 (batch 4, 32 heads): ours with ALiBi and with
 # soft-capping at 30 (.device/exp/head/fa3 from scripts/ab-prep.sh, carried in
 # .device/ab.tgz), then FlexAttention on the same two variants, forward and backward.
 # usage (device): scripts/flex64-variants.sh   (writes $OUT/ours64.csv, $OUT/flex64.csv)
 cd "$(dirname "$0")/.."
-tar xzf .device/ab.tgz -C .device
-nvidia-smi --query-gpu=name --format=csv,noheader
+source scripts/device-env.sh
+unpack_exp
 python3 -c "import torch; print('torch', torch.__version__)"
 for pass in fwd bwd; do
   for v in "--alibi" "--softcap 30"; do
     n=$(echo "x$v" | tr -dc 'a-z0-9')
-    timeout 120 .device/exp/head/fa3 bench --dtype bf16 --hdims 64 --seqlens 4096 --causal on --pass $pass $v --csv /tmp/h64_${n}_$pass.csv > /dev/null || echo "fail $v $pass"
+    timeout 120 .device/exp/head/fa3 bench --dtype bf16 --hdims 64 --seqlens 4096 --causal on --pass $pass $v --csv "$TMP"/h64_${n}_$pass.csv > /dev/null || echo "fail $v $pass"
   done
 done
-for f in /tmp/h64_*.csv; do echo "# $(basename $f)"; cat $f; done | tee $OUT/ours64.csv
+for f in "$TMP"/h64_*.csv; do echo "# $(basename "$f")"; cat "$f"; done | tee "$OUT"/ours64.csv
 timeout 300 python3 scripts/flex_peers.py --hdim 64 --seqlen 4096 --batch 4 --heads 32 --variants causal_softcap30,causal_alibi --csv $OUT/flex64.csv 2>&1 | tail -n 6
 cat $OUT/flex64.csv

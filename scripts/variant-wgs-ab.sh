@@ -1,25 +1,25 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # A/B of soft-capping and ALiBi forwards: .device/exp/{base,new} (scripts/ab-prep.sh), 2 rounds
 # of `fa3 bench --softcap 30` and `--alibi` and the plain kernels, bf16, hdim 64/128, 4k/16k,
 # both masks; then the new build's `gpu` tests of each (carry .device/ab.tgz, as in
 # scripts/alibi-ab.sh). usage (device): scripts/variant-wgs-ab.sh
 cd "$(dirname "$0")/.."
-tar xzf .device/ab.tgz -C .device
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+source scripts/device-env.sh
+unpack_exp
 A="--dtype bf16 --hdims 64,128 --seqlens 4096,16384 --causal both"
 for r in 1 2; do
   for v in base new; do
     for m in softcap alibi; do
       arg=$([ $m = softcap ] && echo "--softcap 30" || echo "--alibi")
-      timeout 100 .device/exp/$v/fa3 bench $A $arg --csv /tmp/${m}_${v}_r$r.csv > /dev/null || echo "fail $m $v $r"
+      timeout 100 .device/exp/$v/fa3 bench $A $arg --csv "$TMP"/${m}_${v}_r$r.csv > /dev/null || echo "fail $m $v $r"
     done
   done
-  timeout 100 .device/exp/new/fa3 bench $A --csv /tmp/plain_x_r$r.csv > /dev/null || echo "fail plain $r"
+  timeout 100 .device/exp/new/fa3 bench $A --csv "$TMP"/plain_x_r$r.csv > /dev/null || echo "fail plain $r"
 done
-for f in /tmp/*_r?.csv; do n=$(basename "$f" .csv); sed "s/^/$n,/" "$f"; done > $OUT/wg3_ab.csv
+scripts/label-rows.sh "$TMP"/*.csv > "$OUT"/wg3_ab.csv
 python3 - $OUT/wg3_ab.csv <<'PY'
 import collections, sys
-rows = [l.strip().split(",") for l in open(sys.argv[1]) if "tflops" not in l]
+rows = [l.strip().split(",") for l in open(sys.argv[1])]
 d = collections.defaultdict(list)
 for r in rows:
     d[(r[0].rsplit("_r", 1)[0], tuple(r[3:-2]))].append(float(r[-1]))

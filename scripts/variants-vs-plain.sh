@@ -4,26 +4,23 @@
 # hdim 128, 4k and 16k, both masks, with .device/exp/head/fa3 (scripts/ab-prep.sh head
 # target/ptx/kernels.ptx; carry .device/ab.tgz made by `tar czf .device/ab.tgz -C .device exp`).
 # usage (device): scripts/variants-vs-plain.sh   (writes $OUT/variants_vs_plain.csv)
-set -uo pipefail
 cd "$(dirname "$0")/.."
-tar xzf .device/ab.tgz -C .device
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+source scripts/device-env.sh
+unpack_exp
 A="--dtype bf16 --hdims 128 --seqlens 4096,16384 --causal both"
 for r in 1 2; do
   for pass in fwd bwd; do
     for m in plain alibi softcap; do
       case $m in plain) arg="" ;; alibi) arg="--alibi" ;; softcap) arg="--softcap 30" ;; esac
-      timeout 120 .device/exp/head/fa3 bench $A --pass $pass $arg --csv /tmp/${m}_${pass}_r$r.csv > /dev/null || echo "fail $m $pass $r"
+      timeout 120 .device/exp/head/fa3 bench $A --pass $pass $arg --csv "$TMP"/${m}_${pass}_r$r.csv > /dev/null || echo "fail $m $pass $r"
     done
   done
 done
-for f in /tmp/*_???_r?.csv; do n=$(basename "$f" .csv); sed "s/^/$n,/" "$f"; done > "$OUT"/variants_vs_plain.csv
+scripts/label-rows.sh "$TMP"/*.csv > "$OUT"/variants_vs_plain.csv
 python3 - "$OUT"/variants_vs_plain.csv <<'PY'
 import collections, sys
 d = collections.defaultdict(list)
 for l in open(sys.argv[1]):
-    if "tflops" in l:
-        continue
     r = l.strip().split(",")
     m, p, _ = r[0].split("_")
     d[(p, r[4], r[7], m)].append(float(r[-1]))

@@ -74,8 +74,9 @@ impl OnlineSoftmax {
     /// range), and lazy rescaling only when `lazy` (the FP8 forward keeps the exact max:
     /// with e4m3's 3 mantissa bits, a row's largest weight rounded away from a power of
     /// two costs up to 6%). The 16-bit kernels pass 1 and 0, which fold away.
-    /// `row_bias`: an amount added to every score of a row (after `s_factor`), folded in
-    /// per row (ALiBi's row constant, `crate::fa3::mask::ScoreMod::apply`).
+    /// `row_bias`: an amount added to each of this lane's scores of a row (after
+    /// `s_factor`; lanes may differ), folded in per row (ALiBi's row constant,
+    /// `crate::fa3::mask::ScoreMod::apply`).
     #[inline(always)]
     pub fn update_offset<const NT: usize>(
         &mut self,
