@@ -66,10 +66,12 @@ pub const fn wg_grad_cols(hdim: u32) -> u32 {
     if splits_head_dim(hdim) { hdim / 2 } else { hdim }
 }
 
-/// Columns of a consumer warpgroup's dQ product per step: a 64-column piece (at hdim 64
-/// over its own keys), or half the head dimension where the warpgroups split it.
+/// Columns of a consumer warpgroup's dQ product per step, over all the block's keys:
+/// half the head dimension. (At hdim 64 each warpgroup once took every column over its
+/// own 64 keys: the two pieces then added to the same floats, twice the L2 reduction
+/// bytes per FLOP of hdim 128, and those reductions bounded the kernel.)
 pub const fn wg_dq_cols(hdim: u32) -> u32 {
-    if splits_head_dim(hdim) { hdim / 2 } else { 64 }
+    hdim / 2
 }
 
 /// Head dimensions with a backward kernel.
@@ -321,21 +323,39 @@ impl crate::fa3::DescriptorSlot for BwdTensorMap {
     }
 }
 
-/// Floats of one warpgroup's dQ piece (64 query rows by 64 columns).
-pub const DQ_PIECE: u32 = 64 * 64;
+/// Columns of a piece of the dQ accumulator: a warpgroup's columns of a step (hdim 64),
+/// or 64.
+pub const fn dq_piece_cols(hdim: u32) -> u32 {
+    if wg_dq_cols(hdim) < 64 { wg_dq_cols(hdim) } else { 64 }
+}
+
+/// Floats of one piece of the dQ accumulator (64 query rows by [`dq_piece_cols`]): a
+/// warpgroup's dQ product of a step is one or more consecutive pieces.
+pub const fn dq_piece(hdim: u32) -> u32 {
+    64 * dq_piece_cols(hdim)
+}
 
 /// Where element (`row`, `col`) of a query block's dQ (64 rows by `hdim`) lives in the
-/// fp32 accumulator, relative to the block's first float: the block is `hdim / 64`
-/// pieces of 64 columns, and inside a piece the floats are in the order the consumer
-/// threads hold them (thread (warp w, lane l), n-tile j: `[c0, c1, c2, c3]` of rows
-/// `16 w + l / 4` and `+ 8`, columns `8 j + 2 (l % 4)` and `+ 1`), so that each thread
-/// stages its fragments with 16-byte stores and a piece leaves shared memory as one
-/// contiguous bulk reduction.
-pub const fn dq_accum_index(row: u32, col: u32) -> u32 {
-    let (piece, c) = (col / 64, col % 64);
+/// fp32 accumulator, relative to the block's first float: the block is pieces of
+/// [`dq_piece_cols`] columns, and inside a piece the floats are in the order the
+/// consumer threads hold them (thread (warp w, lane l), n-tile j: `[c0, c1, c2, c3]` of
+/// rows `16 w + l / 4` and `+ 8`, columns `8 j + 2 (l % 4)` and `+ 1`), so that each
+/// thread stages its fragments with 16-byte stores ([`dq_stage_index`]) and a
+/// warpgroup's columns leave shared memory as one contiguous bulk reduction.
+pub const fn dq_accum_index(hdim: u32, row: u32, col: u32) -> u32 {
+    let cols = dq_piece_cols(hdim);
+    let (piece, c) = (col / cols, col % cols);
     let (warp, half, g) = (row / 16, (row % 16) / 8, row % 8);
     let (j, t, e) = (c / 8, (c % 8) / 2, c % 2);
-    piece * DQ_PIECE + ((warp * 8 + j) * 32 + g * 4 + t) * 4 + half * 2 + e
+    dq_stage_index(hdim, warp, g * 4 + t, piece * (cols / 8) + j) + half * 2 + e
+}
+
+/// The first of the four floats of n-tile `j` (8 columns, from a warpgroup's first
+/// column) of thread (`warp`, `lane`) in a warpgroup's staged dQ, relative to its
+/// first piece: [`dq_accum_index`]'s order.
+pub const fn dq_stage_index(hdim: u32, warp: u32, lane: u32, j: u32) -> u32 {
+    let tiles = dq_piece_cols(hdim) / 8;
+    (j / tiles) * dq_piece(hdim) + ((warp * tiles + j % tiles) * 32 + lane) * 4
 }
 
 /// The parameters of the three backward launches (one by-value kernel argument).
@@ -681,7 +701,7 @@ pub struct SmemLayout {
     /// `block_m` f32 per stage.
     pub lse: crate::fa3::SmemBuffer,
     pub dpsum: crate::fa3::SmemBuffer,
-    /// Each consumer warpgroup's dQ piece ([`DQ_PIECE`] f32), staged for the dQ writer
+    /// Each consumer warpgroup's dQ product (`block_m` by [`wg_dq_cols`] f32), staged for the dQ writer
     /// warp's bulk reduction into the accumulator: one slot per consumer warpgroup, with
     /// its full (staged) and empty (read) barriers. Where the head dimension is split
     /// the slots are empty (dQ is staged in the Q and dO slots) and full barrier `s`
@@ -706,7 +726,7 @@ impl SmemLayout {
         let vec_bytes = bm * 4;
         let lse = SmemBuffer { offset: p.offset + p.bytes, bytes: STAGES * vec_bytes };
         let dpsum = SmemBuffer { offset: lse.offset + lse.bytes, bytes: STAGES * vec_bytes };
-        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: if split { 0 } else { DQ_PIECE * 4 }, stages: MMA_WGS, barriers: 0 };
+        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: if split { 0 } else { bm * wg_dq_cols(hdim) * 4 }, stages: MMA_WGS, barriers: 0 };
         let barriers = dq.slot(MMA_WGS);
         let k = SmemRing { barriers, ..k };
         let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
@@ -901,23 +921,32 @@ mod tests {
             let mut seen = std::vec![false; (64 * hdim) as usize];
             for row in 0..64 {
                 for col in 0..hdim {
-                    let i = dq_accum_index(row, col) as usize;
+                    let i = dq_accum_index(hdim, row, col) as usize;
                     assert!(!seen[i], "hdim {hdim}: ({row}, {col}) collides");
                     seen[i] = true;
                 }
             }
             assert!(seen.iter().all(|&s| s));
+            // Thread (warp w, lane l), n-tile j of a warpgroup's columns (from `col0`):
+            // elements c0..c3 at 4 consecutive floats from `dq_stage_index(w, l, j)` past
+            // its first piece.
+            for wg in 0..MMA_WGS {
+                let col0 = wg * wg_dq_cols(hdim);
+                for (w, l, j) in [(0, 0, 0), (3, 31, 3), (1, 6, 2), (2, 17, 1), (3, 9, 0)] {
+                    let (row, col) = (16 * w + l / 4, col0 + 8 * j + 2 * (l % 4));
+                    let base = col0 / dq_piece_cols(hdim) * dq_piece(hdim) + dq_stage_index(hdim, w, l, j);
+                    assert_eq!(
+                        [dq_accum_index(hdim, row, col), dq_accum_index(hdim, row, col + 1), dq_accum_index(hdim, row + 8, col), dq_accum_index(hdim, row + 8, col + 1)],
+                        [base, base + 1, base + 2, base + 3]
+                    );
+                }
+            }
         }
-        // Thread (warp w, lane l), n-tile j of piece p: elements c0..c3 at 4 consecutive
-        // floats from ((w * 8 + j) * 32 + l) * 4.
-        for (w, l, j, p) in [(0, 0, 0, 0), (3, 31, 7, 1), (1, 6, 2, 0), (2, 17, 5, 1)] {
-            let (row, col) = (16 * w + l / 4, 64 * p + 8 * j + 2 * (l % 4));
-            let base = p * DQ_PIECE + ((w * 8 + j) * 32 + l) * 4;
-            assert_eq!(
-                [dq_accum_index(row, col), dq_accum_index(row, col + 1), dq_accum_index(row + 8, col), dq_accum_index(row + 8, col + 1)],
-                [base, base + 1, base + 2, base + 3]
-            );
-        }
+        // hdim 64: pieces of 32 columns; wider: of 64. 16-byte groups in (warp, n-tile,
+        // lane) order.
+        assert_eq!([dq_accum_index(64, 8, 1), dq_accum_index(64, 0, 32), dq_accum_index(64, 0, 8), dq_accum_index(64, 16, 0)], [3, 2048, 128, 512]);
+        assert_eq!([dq_accum_index(128, 0, 32), dq_accum_index(128, 0, 64), dq_accum_index(128, 16, 0)], [512, 4096, 1024]);
+        assert_eq!(dq_accum_index(128, 55, 126), 8188);
     }
 
     #[test]

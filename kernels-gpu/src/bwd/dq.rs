@@ -1,8 +1,9 @@
 //! dQ's fp32 accumulator in global memory: every key block adds its `dS K` to the query
-//! blocks it sees. Each consumer warpgroup stages its 64 x 64 piece in its shared-memory
-//! slot in fragment order (`common::bwd::dq_accum_index`: 16-byte stores, no bank
-//! conflict) and signals the slot's full barrier; the dQ writer, a warp of the producer
-//! warpgroup, adds the piece to the accumulator with one bulk reduction
+//! blocks it sees. Each consumer warpgroup stages its columns of the step's dQ (64 rows by
+//! half the head dimension) in its shared-memory slot in fragment order
+//! (`common::bwd::dq_accum_index`: 16-byte stores, no bank conflict) and signals the
+//! slot's full barrier; the dQ writer, a warp of the producer warpgroup, adds them to
+//! the accumulator with one bulk reduction
 //! (`cp.reduce.async.bulk`, summed in L2) and frees the slot once it has been read (FA3's
 //! layout: a per-element `red` from every thread made the backward bound by L2 atomics,
 //! and the consumers never wait on global memory).
@@ -25,7 +26,7 @@ use crate::fa3::barriers::NamedBarrier;
 use crate::ptx::compiler::opaque_u32;
 use crate::ptx::{fence, global, smem, tma};
 use crate::fa3::pipeline::CountState;
-use common::bwd::{BwdParams, DQ_PIECE, MMA_WGS, STAGES};
+use common::bwd::{BwdParams, MMA_WGS, STAGES, dq_piece, dq_piece_cols, wg_dq_cols};
 use core::marker::PhantomData;
 
 /// A consumer warpgroup's side: stages its piece of each step.
@@ -49,8 +50,11 @@ impl DqStager {
         // The writer has read the previous step's piece (a fresh barrier passes at once).
         storage.dq.empty(wg).wait(self.phase ^ 1);
         let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
+        // One piece (`common::bwd::dq_stage_index`).
+        let tiles = <K::DqTile as FragTile>::FRAGS as u32;
+        const { assert!(K::SPLIT || <K::DqTile as FragTile>::FRAGS as u32 * 8 == dq_piece_cols(K::HDIM)) };
         for j in 0..<K::DqTile as FragTile>::FRAGS {
-            let at = slot.add(((warp * 8 + j as u32) * 32 + lane) * 16);
+            let at = slot.add(((warp * tiles + j as u32) * 32 + lane) * 16);
             // SAFETY: inside this warpgroup's slot; 16 B aligned.
             unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
         }
@@ -67,10 +71,12 @@ impl DqStager {
     pub fn stage_split<K: BwdTraits>(&mut self, storage: &BwdStorage, dq: &K::DqTile, stage: u32, wg: u32, thread_in_wg: u32) {
         let slot = storage.dq_split_slot(stage, wg);
         let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
+        // Its pieces in turn (`common::bwd::dq_stage_index`).
+        let tiles = dq_piece_cols(K::HDIM) / 8;
         for j in 0..<K::DqTile as FragTile>::FRAGS as u32 {
-            let (piece, jj) = (j / 8, j % 8);
-            let at = slot.add((piece * DQ_PIECE + ((warp * 8 + jj) * 32 + lane) * 4) * 4);
-            // SAFETY: inside the 32 KB slot (two pieces); 16 B aligned.
+            let (piece, jj) = (j / tiles, j % tiles);
+            let at = slot.add((piece * dq_piece(K::HDIM) + ((warp * tiles + jj) * 32 + lane) * 4) * 4);
+            // SAFETY: inside the 32 KB slot; 16 B aligned.
             unsafe { smem::st_v4_u32(at, dq.frag(j as usize).map(f32::to_bits)) };
         }
         Self::publish(storage, stage, wg, thread_in_wg);
@@ -124,17 +130,12 @@ impl<K: BwdTraits> DqWriter<K> {
                 // registers.
                 let bh = opaque_u32(bh);
                 let row = bh as u64 * p.padded_rows as u64 + (m * K::BLOCK_M) as u64;
-                let block = |wg: u32| p.dq_accum + 4 * (row * K::HDIM as u64 + (DqSplit::of::<K>(wg).col0 / 64 * DQ_PIECE) as u64);
+                let block = |wg: u32| p.dq_accum + 4 * (row * K::HDIM as u64 + (DqSplit::of::<K>(wg).col0 / dq_piece_cols(K::HDIM) * dq_piece(K::HDIM)) as u64);
                 for wg in 0..MMA_WGS {
-                    // SAFETY: a whole piece of the accumulator (16 KB, 16 B aligned),
-                    // staged and fenced by the consumers before the full barrier.
-                    unsafe { tma::bulk_reduce_add_f32(block(wg), storage.dq.slot(wg), DQ_PIECE * 4) };
+                    // SAFETY: a warpgroup's whole pieces of the accumulator (16 B
+                    // aligned), staged and fenced by the consumers before the full barrier.
+                    unsafe { tma::bulk_reduce_add_f32(block(wg), storage.dq.slot(wg), K::BLOCK_M * wg_dq_cols(K::HDIM) * 4) };
                     tma::store_commit();
-                    // Where both pieces add to the same floats, the first is summed before
-                    // the second starts: their order is fixed.
-                    if K::DETERMINISTIC && DqSplit::shared::<K>() && wg == 0 {
-                        tma::bulk_wait::<0>();
-                    }
                 }
                 if K::DETERMINISTIC {
                     // Done, not only read: the next CTA's reductions must find them summed.

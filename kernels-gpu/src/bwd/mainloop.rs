@@ -378,12 +378,10 @@ impl<K: BwdTraits> Consumer<'_, K> {
 
         // 4. dSᵀ to shared memory (with [`Self::DQ_FIRST`] to its slot of the stage: the
         // other slot may still feed the previous step's dQ product), then this
-        // warpgroup's dQ piece = dS K once both warpgroups' rows are there (where they
-        // share dSᵀ, else its own). Its packed pairs are the A fragments' (n-tile j is
-        // half j % 2 of k-step j / 2).
+        // warpgroup's columns of dQ = dS K once both warpgroups' rows are there. Its
+        // packed pairs are the A fragments' (n-tile j is half j % 2 of k-step j / 2).
         const { assert!(K::SPLIT || common::bwd::ds_stages(K::HDIM) == STAGES) };
         let split = DqSplit::of::<K>(self.wg);
-        let shared = DqSplit::shared_ds::<K>();
         let q_b = mn_major_sw128(q_slot.0, K::BLOCK_M);
         let issue_dk = |grads: &mut KeyBlockGrads<K>, dsf: &mut <K::Scores as ScoreTile>::Probs| {
             dsf.fence_operand();
@@ -397,16 +395,15 @@ impl<K: BwdTraits> Consumer<'_, K> {
         if !Self::DQ_FIRST {
             // dK += dSᵀ Q runs while dSᵀ is stored and the warpgroups meet.
             issue_dk(grads, &mut dsf);
-            // One slot: the previous step's dQ products (both warpgroups' where they share
-            // dSᵀ) must have read it.
-            NamedBarrier::DsFree.sync_for(self.wg, shared);
+            // One slot: both warpgroups' previous dQ products must have read it.
+            NamedBarrier::DsFree.sync(0);
         }
         let ds_stage = if Self::DQ_FIRST { st.index() } else { 0 };
         let packed = |j: usize, r: usize| dsf.step(j / 2)[2 * (j % 2) + r];
         stage_swizzled(s.ds_slot::<K>(ds_stage), K::BLOCK_N, tile.key0, self.thread_in_wg / 32, lane, <K::Scores as FragTile>::FRAGS, packed);
         // The dQ WGMMA reads dSᵀ through the async proxy.
         fence::proxy_async_shared();
-        NamedBarrier::DsReady.sync_for(self.wg, shared);
+        NamedBarrier::DsReady.sync(0);
 
         if Self::DQ_FIRST {
             // dQ, then dK: dQ is staged while dK runs.
@@ -429,17 +426,19 @@ impl<K: BwdTraits> Consumer<'_, K> {
         self.dq.stage::<K>(&self.storage, &dq, self.wg, self.thread_in_wg);
     }
 
-    /// `dQ = dS K` for this warpgroup's part ([`DqSplit`]). dSᵀ is stored key-row by
-    /// key-row: dS is its MN-major transpose, from key row `key0`. K likewise, from key
-    /// row `key0` and 64-column chunk `col0 / 64`.
+    /// `dQ = dS K` for this warpgroup's columns ([`DqSplit`]) over the block's keys. dSᵀ
+    /// is stored key-row by key-row: dS is its MN-major transpose. K likewise, from
+    /// column `col0` (at hdim 64 the middle of a swizzled row: the swizzle acts on the
+    /// address bits, so an operand may start there, as the K-major k-steps do).
     #[inline(always)]
     fn issue_dq(&self, dq: &mut K::DqTile, split: DqSplit, stage: u32) {
         let s = &self.storage;
-        let ds_desc = opaque_u64(mn_major_sw128(s.ds_slot::<K>(stage).add(sw128_rows(K::BLOCK_N, 0, split.key0)).0, K::BLOCK_N));
-        let kt_desc = opaque_u64(mn_major_sw128(s.k.slot(0).add(sw128_rows(K::BLOCK_N, split.col0 / 64, split.key0)).0, K::BLOCK_N));
+        let ds_desc = opaque_u64(mn_major_sw128(s.ds_slot::<K>(stage).0, K::BLOCK_N));
+        let k_col = sw128_rows(K::BLOCK_N, split.col0 / 64, 0) + 2 * (split.col0 % 64);
+        let kt_desc = opaque_u64(mn_major_sw128(s.k.slot(0).add(k_col).0, K::BLOCK_N));
         dq.fence_operand();
         gemm::issue(|| {
-            for kk in 0..split.keys / 16 {
+            for kk in 0..K::BLOCK_N / 16 {
                 K::Element::wgmma_ss_mn_mn(dq, desc_add(ds_desc, mn_major_k_step(kk)), desc_add(kt_desc, mn_major_k_step(kk)), kk > 0);
             }
         });
@@ -488,7 +487,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         stage_swizzled_at(s.ds, K::BLOCK_N, 0, tile.query0, warp, lane, frags, |j, r| dsf.step(j / 2)[2 * (j % 2) + r]);
         // The WGMMAs read them through the async proxy.
         fence::proxy_async_shared();
-        NamedBarrier::DsReady.sync_for(self.wg, true);
+        NamedBarrier::DsReady.sync(0);
 
         // dV += Pᵀ dO and dK += dSᵀ Q over the step's queries (K-major A, MN-major B from
         // this warpgroup's 64-column chunks), then dQ = dS K.
@@ -513,7 +512,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         // there.)
         let dq = self.finish_products(grads, probs, dsf, DqSplit::of::<K>(self.wg), st.index());
         // Both warpgroups' products are done: Q, dO, Pᵀ and dSᵀ are read.
-        NamedBarrier::DsFree.sync_for(self.wg, true);
+        NamedBarrier::DsFree.sync(0);
         self.dq.stage_split::<K>(&self.storage, &dq, st.index(), self.wg, self.thread_in_wg);
         self.state.advance();
     }

@@ -27,7 +27,7 @@ pub unsafe fn postprocess<E: Element, const HDIM: u32>(p: BwdParams) {
         // adjacent.
         let bm = block_m(HDIM);
         let block = (bh * p.padded_rows as u64 + (row / bm * bm) as u64) * HDIM as u64;
-        let accum = p.dq_accum + 4 * (block + dq_accum_index(row % bm, col) as u64);
+        let accum = p.dq_accum + 4 * (block + dq_accum_index(HDIM, row % bm, col) as u64);
         // SAFETY: inside the padded accumulator; 8 B aligned (even column).
         let v = unsafe { global::ld_v2_f32(accum) };
         let s = p.dq_strides;

@@ -85,36 +85,18 @@ impl WgTile {
 }
 
 /// Which part of the step's dQ (`BLOCK_M = 64` rows by `HDIM`) a consumer warpgroup
-/// computes: at hdim 128 columns `64 wg..64 wg + 64` over all the block's keys; at hdim 64
-/// every column over its own 64 keys (the two warpgroups' pieces then add up); at hdim 256
-/// columns `128 wg..128 wg + 128` over all the block's keys.
+/// computes: columns `wg_dq_cols · wg ..` (half the head dimension) over all the block's
+/// keys, so both warpgroups' rows of `dSᵀ` must be in shared memory first.
 #[derive(Clone, Copy)]
 pub struct DqSplit {
     /// First column.
     pub col0: u32,
-    /// First key of the block and number of keys summed over.
-    pub key0: u32,
-    pub keys: u32,
 }
 
 impl DqSplit {
     #[inline(always)]
     pub fn of<K: BwdTraits>(wg: u32) -> Self {
         const { assert!(K::BLOCK_M == 64 && (K::HDIM == 64 || K::HDIM == 128 || K::HDIM == 256)) };
-        let cols = bwd::wg_dq_cols(K::HDIM);
-        if K::HDIM == 64 { DqSplit { col0: 0, key0: 64 * wg, keys: 64 } } else { DqSplit { col0: cols * wg, key0: 0, keys: K::BLOCK_N } }
-    }
-
-    /// Whether both warpgroups add to the same elements (they split the keys).
-    #[inline(always)]
-    pub fn shared<K: BwdTraits>() -> bool {
-        K::HDIM == 64
-    }
-
-    /// Whether a warpgroup's dQ product reads the other warpgroup's rows of `dSᵀ` (they
-    /// split the columns), so that both must have written it first.
-    #[inline(always)]
-    pub fn shared_ds<K: BwdTraits>() -> bool {
-        !Self::shared::<K>()
+        DqSplit { col0: bwd::wg_dq_cols(K::HDIM) * wg }
     }
 }

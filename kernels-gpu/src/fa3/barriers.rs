@@ -17,8 +17,7 @@ pub enum NamedBarrier {
     /// warpgroup that waits and the one that hands over).
     PingPong = 1 + MAX_CONSUMER_WGS,
     /// Backward: every consumer thread is done reading the previous step's `dSᵀ` (its dQ
-    /// product waited for), so it may be overwritten (both warpgroups, 256 threads, or
-    /// one warpgroup at its own id where each reads only its rows).
+    /// product waited for), so it may be overwritten (both warpgroups, 256 threads).
     DsFree = 1 + 2 * MAX_CONSUMER_WGS,
     /// Backward: both warpgroups wrote their rows of this step's `dSᵀ` (256 threads).
     DsReady = 1 + 3 * MAX_CONSUMER_WGS,
@@ -63,13 +62,6 @@ impl NamedBarrier {
     #[inline(always)]
     pub fn sync(self, wg: u32) {
         barrier::named_sync(self.id(wg), self.threads());
-    }
-
-    /// A backward `dSᵀ` barrier: both consumer warpgroups when `both` (they read each
-    /// other's rows), else warpgroup `wg`'s own 128 threads at its own id.
-    #[inline(always)]
-    pub fn sync_for(self, wg: u32, both: bool) {
-        if both { self.sync(0) } else { barrier::named_sync(self.id(wg), WARPGROUP_THREADS) }
     }
 
     /// Arrives at warpgroup `wg`'s barrier of this role without waiting.
