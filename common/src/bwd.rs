@@ -54,10 +54,10 @@ pub const AUX_THREADS: u32 = 256;
 /// Query rows per preprocess CTA (one warp per row at a time).
 pub const PREPROCESS_ROWS: u32 = 64;
 
-/// Queries of a step whose `Sᵀ` and `dPᵀ` a consumer warpgroup computes: all
-/// [`block_m`], or half where the warpgroups split the head dimension.
-pub const fn wg_queries(hdim: u32) -> u32 {
-    if splits_head_dim(hdim) { block_m(hdim) / 2 } else { block_m(hdim) }
+/// Queries of a step (of `block_m` rows) whose `Sᵀ` and `dPᵀ` a consumer warpgroup
+/// computes: all, or half where the warpgroups split the head dimension.
+pub const fn wg_queries(hdim: u32, block_m: u32) -> u32 {
+    if splits_head_dim(hdim) { block_m / 2 } else { block_m }
 }
 
 /// Columns of the head dimension of a consumer warpgroup's dK and dV: all, or half where
@@ -66,29 +66,55 @@ pub const fn wg_grad_cols(hdim: u32) -> u32 {
     if splits_head_dim(hdim) { hdim / 2 } else { hdim }
 }
 
-/// Columns of a consumer warpgroup's dQ product per step, over all the block's keys:
-/// half the head dimension. (At hdim 64 each warpgroup once took every column over its
-/// own 64 keys: the two pieces then added to the same floats, twice the L2 reduction
-/// bytes per FLOP of hdim 128, and those reductions bounded the kernel.)
-pub const fn wg_dq_cols(hdim: u32) -> u32 {
-    hdim / 2
+/// Columns of a consumer warpgroup's dQ product per step (of `block_m` rows), over all
+/// the block's keys: half the head dimension, or all of it where the warpgroups split
+/// the rows ([`splits_dq_rows`]). (At hdim 64 each warpgroup once took every column over
+/// its own 64 keys: the two pieces then added to the same floats, twice the L2
+/// reduction bytes per FLOP of hdim 128, and those reductions bounded the kernel.)
+pub const fn wg_dq_cols(hdim: u32, block_m: u32) -> u32 {
+    if splits_dq_rows(block_m) { hdim } else { hdim / 2 }
+}
+
+/// Whether the consumer warpgroups split a step's dQ by rows (64 query rows each, every
+/// column) rather than by columns: where a step has 128 query rows.
+pub const fn splits_dq_rows(block_m: u32) -> bool {
+    block_m == 128
 }
 
 /// Head dimensions with a backward kernel.
 pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
 
-/// Query rows per step of the main kernel. 64: at hdim 128 dK and dV of a warpgroup's
-/// 64 keys take 128 registers a thread; at hdim 64, 128 rows made `Sᵀ` and `dPᵀ` 128
-/// registers and ptxas spilled at 240.
-pub const fn block_m(hdim: u32) -> u32 {
-    let _ = hdim;
-    64
+/// Query rows per step of the main kernel: 128 for hdim 64's wide kernels ([`wide_steps`]),
+/// else 64. At hdim 128 and 256 dK and dV of a warpgroup's keys take 128 registers a
+/// thread; at hdim 64 with 128 rows `Sᵀ` and `dPᵀ` take 64 each, which fits the plain
+/// kernels (half the per-step fixed work per FLOP: +8-12%, deterministic +15-24%), while
+/// the score modifications' and masks' extra registers spilled 16-80 bytes.
+pub const fn block_m(hdim: u32, wide: bool) -> u32 {
+    if hdim == 64 && wide { 128 } else { 64 }
 }
 
+/// Whether the built-in backward kernel of this head dimension, score modification and
+/// mask runs 128-row steps ([`block_m`]): hdim 64 without a score modification, causal or
+/// not. (User variants' kernels run 64-row steps.)
+pub const fn wide_steps(hdim: u32, score_mod: crate::ScoreModKind, mask: crate::MaskKind) -> bool {
+    hdim == 64 && matches!(score_mod, crate::ScoreModKind::None) && matches!(mask, crate::MaskKind::Causal)
+}
+
+/// Query rows per step of a backward main-kernel entry.
+pub const fn entry_block_m(k: &KernelEntry) -> u32 {
+    block_m(k.hdim, wide_steps(k.hdim, k.score_mod, k.mask))
+}
+
+/// The query blocks of the dQ accumulator and of the deterministic counters: 64 rows
+/// (a 128-row step covers two; every kernel of a head dimension shares the workspace
+/// layout and the preprocess).
+pub const ACCUM_ROWS: u32 = 64;
+
 /// Rows of the LSE, D and dQ workspaces per (batch, head): `seqlen_q` rounded up to a
-/// whole query block, so the main kernel's loads never leave them.
+/// whole query block of the widest kernel of the head dimension, so the main kernel's
+/// loads never leave them.
 pub const fn padded_rows(seqlen_q: u32, hdim: u32) -> u32 {
-    seqlen_q.div_ceil(block_m(hdim)) * block_m(hdim)
+    seqlen_q.div_ceil(block_m(hdim, true)) * block_m(hdim, true)
 }
 
 /// The first query block (of `block_m` rows) that sees key block `n` (of `block_n` keys)
@@ -326,7 +352,7 @@ impl crate::fa3::DescriptorSlot for BwdTensorMap {
 /// Columns of a piece of the dQ accumulator: a warpgroup's columns of a step (hdim 64),
 /// or 64.
 pub const fn dq_piece_cols(hdim: u32) -> u32 {
-    if wg_dq_cols(hdim) < 64 { wg_dq_cols(hdim) } else { 64 }
+    if hdim == 64 { 32 } else { 64 }
 }
 
 /// Floats of one piece of the dQ accumulator (64 query rows by [`dq_piece_cols`]): a
@@ -343,11 +369,13 @@ pub const fn dq_piece(hdim: u32) -> u32 {
 /// thread stages its fragments with 16-byte stores ([`dq_stage_index`]) and a
 /// warpgroup's columns leave shared memory as one contiguous bulk reduction.
 pub const fn dq_accum_index(hdim: u32, row: u32, col: u32) -> u32 {
+    // A 128-row block is two 64-row blocks in a row.
+    let (block, row) = (row / 64, row % 64);
     let cols = dq_piece_cols(hdim);
     let (piece, c) = (col / cols, col % cols);
     let (warp, half, g) = (row / 16, (row % 16) / 8, row % 8);
     let (j, t, e) = (c / 8, (c % 8) / 2, c % 2);
-    dq_stage_index(hdim, warp, g * 4 + t, piece * (cols / 8) + j) + half * 2 + e
+    block * 64 * hdim + dq_stage_index(hdim, warp, g * 4 + t, piece * (cols / 8) + j) + half * 2 + e
 }
 
 /// The first of the four floats of n-tile `j` (8 columns, from a warpgroup's first
@@ -712,9 +740,9 @@ pub struct SmemLayout {
 }
 
 impl SmemLayout {
-    pub const fn new(hdim: u32) -> Self {
+    pub const fn new(hdim: u32, bm: u32) -> Self {
         use crate::fa3::{SMEM_ALIGN, SmemBuffer, SmemRing};
-        let (bm, bn, split) = (block_m(hdim), block_n(hdim), splits_head_dim(hdim));
+        let (bn, split) = (block_n(hdim), splits_head_dim(hdim));
         let kv_bytes = bn * hdim * 2;
         let q_bytes = bm * hdim * 2;
         let k = SmemRing { data: 0, stage_bytes: kv_bytes, stages: 1, barriers: 0 };
@@ -726,7 +754,7 @@ impl SmemLayout {
         let vec_bytes = bm * 4;
         let lse = SmemBuffer { offset: p.offset + p.bytes, bytes: STAGES * vec_bytes };
         let dpsum = SmemBuffer { offset: lse.offset + lse.bytes, bytes: STAGES * vec_bytes };
-        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: if split { 0 } else { bm * wg_dq_cols(hdim) * 4 }, stages: MMA_WGS, barriers: 0 };
+        let dq = SmemRing { data: dpsum.offset + dpsum.bytes, stage_bytes: if split { 0 } else { 64 * wg_dq_cols(hdim, bm) * 4 }, stages: MMA_WGS, barriers: 0 };
         let barriers = dq.slot(MMA_WGS);
         let k = SmemRing { barriers, ..k };
         let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
@@ -737,9 +765,9 @@ impl SmemLayout {
         SmemLayout { k, v, q, dout, ds, p, lse, dpsum, dq, total: end + SMEM_ALIGN }
     }
 
-    /// Bytes of one stage's f32 vector (LSE or D).
-    pub const fn vector_bytes(hdim: u32) -> u32 {
-        block_m(hdim) * 4
+    /// Bytes of one stage's f32 vector (LSE or D) of `block_m` rows.
+    pub const fn vector_bytes(block_m: u32) -> u32 {
+        block_m * 4
     }
 }
 
@@ -760,7 +788,9 @@ mod tests {
     #[test]
     fn deterministic_dq_turns_follow_arrival_and_launch_order() {
         for hdim in HEAD_DIMS {
-            deterministic_dq_turns_at(block_m(hdim), block_n(hdim));
+            for wide in [false, true] {
+                deterministic_dq_turns_at(block_m(hdim, wide), block_n(hdim));
+            }
         }
     }
 
@@ -861,8 +891,8 @@ mod tests {
 
     #[test]
     fn every_backward_layout_fits_and_its_tiles_are_swizzle_aligned() {
-        for &hdim in &HEAD_DIMS {
-            let l = SmemLayout::new(hdim);
+        for (hdim, bm) in HEAD_DIMS.into_iter().flat_map(|d| [(d, block_m(d, false)), (d, block_m(d, true))]) {
+            let l = SmemLayout::new(hdim, bm);
             assert!(l.total <= MAX_SMEM, "hdim {hdim}: {} bytes", l.total);
             for (name, off) in [("k", l.k.data), ("v", l.v.data), ("q", l.q.data), ("q1", l.q.slot(1)), ("dout", l.dout.data), ("dout1", l.dout.slot(1)), ("ds", l.ds.offset), ("p", l.p.offset)] {
                 assert_eq!(off % 1024, 0, "hdim {hdim}: {name} at {off}");
@@ -917,9 +947,9 @@ mod tests {
     /// is where each consumer thread's fragment elements go, four at a time.
     #[test]
     fn dq_accum_index_is_a_bijection_in_fragment_order() {
-        for hdim in HEAD_DIMS {
-            let mut seen = std::vec![false; (64 * hdim) as usize];
-            for row in 0..64 {
+        for (hdim, rows) in HEAD_DIMS.into_iter().flat_map(|d| [(d, block_m(d, false)), (d, block_m(d, true))]) {
+            let mut seen = std::vec![false; (rows * hdim) as usize];
+            for row in 0..rows {
                 for col in 0..hdim {
                     let i = dq_accum_index(hdim, row, col) as usize;
                     assert!(!seen[i], "hdim {hdim}: ({row}, {col}) collides");
@@ -927,14 +957,14 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|&s| s));
-            // Thread (warp w, lane l), n-tile j of a warpgroup's columns (from `col0`):
-            // elements c0..c3 at 4 consecutive floats from `dq_stage_index(w, l, j)` past
-            // its first piece.
+            // Thread (warp w, lane l), n-tile j of a warpgroup's part (from `row0`,
+            // `col0`): elements c0..c3 at 4 consecutive floats from `dq_stage_index(w, l,
+            // j)` past the part's first float.
             for wg in 0..MMA_WGS {
-                let col0 = wg * wg_dq_cols(hdim);
+                let (row0, col0) = if splits_dq_rows(rows) { (64 * wg, 0) } else { (0, wg * wg_dq_cols(hdim, rows)) };
                 for (w, l, j) in [(0, 0, 0), (3, 31, 3), (1, 6, 2), (2, 17, 1), (3, 9, 0)] {
-                    let (row, col) = (16 * w + l / 4, col0 + 8 * j + 2 * (l % 4));
-                    let base = col0 / dq_piece_cols(hdim) * dq_piece(hdim) + dq_stage_index(hdim, w, l, j);
+                    let (row, col) = (row0 + 16 * w + l / 4, col0 + 8 * j + 2 * (l % 4));
+                    let base = row0 * hdim + col0 / dq_piece_cols(hdim) * dq_piece(hdim) + dq_stage_index(hdim, w, l, j);
                     assert_eq!(
                         [dq_accum_index(hdim, row, col), dq_accum_index(hdim, row, col + 1), dq_accum_index(hdim, row + 8, col), dq_accum_index(hdim, row + 8, col + 1)],
                         [base, base + 1, base + 2, base + 3]
@@ -942,9 +972,9 @@ mod tests {
                 }
             }
         }
-        // hdim 64: pieces of 32 columns; wider: of 64. 16-byte groups in (warp, n-tile,
-        // lane) order.
-        assert_eq!([dq_accum_index(64, 8, 1), dq_accum_index(64, 0, 32), dq_accum_index(64, 0, 8), dq_accum_index(64, 16, 0)], [3, 2048, 128, 512]);
+        // Pieces of 32 columns at hdim 64, else 64; 16-byte groups in (warp, n-tile,
+        // lane) order; rows 64..128 follow rows 0..64.
+        assert_eq!([dq_accum_index(64, 8, 1), dq_accum_index(64, 0, 32), dq_accum_index(64, 0, 8), dq_accum_index(64, 16, 0), dq_accum_index(64, 64, 0)], [3, 2048, 128, 512, 4096]);
         assert_eq!([dq_accum_index(128, 0, 32), dq_accum_index(128, 0, 64), dq_accum_index(128, 16, 0)], [512, 4096, 1024]);
         assert_eq!(dq_accum_index(128, 55, 126), 8188);
     }

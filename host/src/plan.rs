@@ -379,7 +379,7 @@ pub struct FwdPlan {
 /// Dynamic shared memory of a kernel.
 pub fn smem_bytes(k: &KernelEntry) -> u32 {
     match k.kind {
-        KernelKind::Backward(s) if s.is_main() => return bwd::SmemLayout::new(k.hdim).total,
+        KernelKind::Backward(s) if s.is_main() => return bwd::SmemLayout::new(k.hdim, bwd::entry_block_m(k)).total,
         KernelKind::Backward(_) => return 0,
         KernelKind::Fp8Quantize => return 4 * common::fp8::QUANTIZE_THREADS / 32,
         KernelKind::BlockMask => return 0,

@@ -36,7 +36,7 @@ impl WorkspaceLayout {
         let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32) as usize;
         let vector = up(batch * heads_q * padded * 4);
         let accum = up(batch * heads_q * padded * hdim * 4);
-        let semaphores = up(batch * heads_q * seqlen_q.div_ceil(bwd::block_m(hdim as u32) as usize) * 4);
+        let semaphores = up(batch * heads_q * seqlen_q.div_ceil(bwd::ACCUM_ROWS as usize) * 4);
         let warps = (bwd::AUX_THREADS / 32) as usize;
         let partials = up(batch * heads_q * padded.div_ceil(bwd::PREPROCESS_ROWS as usize) * warps * 4);
         let sink_partials = 2 * vector + accum + semaphores;
@@ -223,7 +223,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         dq_order: DqOrder::choose(
             opts.deterministic,
             opts.causal || mask.is_local(),
-            (seqlen_q as u32).div_ceil(bwd::block_m(hdim as u32)),
+            (seqlen_q as u32).div_ceil(bwd::entry_block_m(main)),
             (seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32)),
             sm_count,
         ) as u32,
@@ -292,12 +292,12 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
                 if main.mask == MaskKind::Sparse { (hk, key_blocks, b) } else { (key_blocks, hk, b) }
             },
             block: bwd::THREADS,
-            smem_bytes: bwd::SmemLayout::new(hdim as u32).total,
+            smem_bytes: bwd::SmemLayout::new(hdim as u32, bwd::entry_block_m(main)).total,
         },
         aux(post, seqlen_q as u32),
     ];
     let chunks = hdim as u32 / 64;
-    let block_m = bwd::block_m(hdim as u32);
+    let block_m = bwd::entry_block_m(main);
     let map = |arg, d: &TensorDesc, rows| TensorMapSpec::bshd(arg, d.dtype, d.addr, &d.layout, rows, chunks);
     let tma = [
         map(Arg::Q, &t.q, block_m)?,

@@ -140,7 +140,7 @@ pub fn plan(shape: &BlockMaskShape) -> Result<(PassPlan, PassPlan)> {
     let f = BuildParams { block_m, block_n, row_shift: common::fa3::tile_row_shift(s.causal, sq, block_m, block_n), transposed: 0, ..base };
     let fwd_heads = if s.per_head { s.heads_q as u32 } else { 1 };
     let fwd = PassPlan::new(f, f.query_blocks(), fwd_heads, batches);
-    let b = BuildParams { block_m: common::bwd::block_m(hdim), block_n: common::bwd::block_n(hdim), row_shift: 0, transposed: 1, ..base };
+    let b = BuildParams { block_m: common::bwd::block_m(hdim, false), block_n: common::bwd::block_n(hdim), row_shift: 0, transposed: 1, ..base };
     let (bwd_heads, group) = if s.per_head { (s.heads_k as u32, (s.heads_q / s.heads_k) as u32) } else { (1, 1) };
     let bwd = PassPlan::new(BuildParams { heads_per_list: group, ..b }, b.key_blocks(), bwd_heads, batches);
     for p in [&fwd, &bwd] {

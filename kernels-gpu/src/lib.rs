@@ -89,6 +89,12 @@ macro_rules! fa3_entry {
 macro_rules! bwd_main_entry {
     ($symbol:expr, $dtype:ident, hdim $d:literal, deterministic $deterministic:expr, softcap $softcap:expr, alibi $alibi:expr, local $local:expr, $docs:ty, $variant:ty) => {
         const _: () = {
+            /// Query rows per step: 128 where hdim 64's kernel fits them
+            /// (`common::bwd::wide_steps`: no score modification, mask or user variant).
+            const BLOCK_M: u32 = $crate::common::bwd::block_m(
+                $d,
+                !$softcap && !$alibi && !$local && !<$variant as $crate::fa3::variant::LogitHook>::ACTIVE,
+            );
             /// Backward main kernel; grid `(key blocks, heads_k, batch)`, 384 threads. The
             /// TMA descriptors (q, k, v, dO) are read through the parameter's address.
             #[unsafe(export_name = $symbol)]
@@ -97,10 +103,11 @@ macro_rules! bwd_main_entry {
                 struct Traits;
                 impl $crate::bwd::BwdTraits for Traits {
                     type Element = $crate::element::$dtype;
-                    type Scores = [$crate::softmax::Frag; $crate::common::bwd::wg_queries($d) as usize / 8];
+                    type Scores = [$crate::softmax::Frag; $crate::common::bwd::wg_queries($d, BLOCK_M) as usize / 8];
                     type KeyGrads = [$crate::softmax::Frag; $crate::common::bwd::wg_grad_cols($d) as usize / 8];
-                    type DqTile = [$crate::softmax::Frag; $crate::common::bwd::wg_dq_cols($d) as usize / 8];
+                    type DqTile = [$crate::softmax::Frag; $crate::common::bwd::wg_dq_cols($d, BLOCK_M) as usize / 8];
                     const HDIM: u32 = $d;
+                    const BLOCK_M: u32 = BLOCK_M;
                     const DETERMINISTIC: bool = $deterministic;
                     const SOFTCAP: bool = $softcap;
                     const ALIBI: bool = $alibi;

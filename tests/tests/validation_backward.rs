@@ -43,8 +43,10 @@ fn err(t: &BwdTensors, opts: &AttnOptions) -> AttnError {
 fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
     for d in [64, 128, 256] {
         let t = good(d);
-        // Keys per CTA: 128, or 64 where the warpgroups split the head dimension.
+        // Keys per CTA: 128, or 64 where the warpgroups split the head dimension. Query
+        // rows per step: 128 in hdim 64's plain kernels, else 64.
         let bn = if d == 256 { 64 } else { 128 };
+        let bm = if d == 64 { 128 } else { 64 };
         let plan = plan_backward(&t, &AttnOptions::default().causal(true), 132).unwrap();
         let stages: Vec<_> = plan.launches.iter().map(|l| l.kernel.kind).collect();
         assert_eq!(
@@ -63,22 +65,32 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
         assert_eq!(p.lse_log2 - t.workspace.0, ws.lse_log2 as u64);
         assert_eq!(p.dq_accum - t.workspace.0, ws.dq_accum as u64);
         assert_eq!(p.dq_semaphore, 0, "semaphores only in deterministic mode");
-        assert_eq!((p.kv_group, p.causal, p.padded_rows), (4, 1, 320));
+        assert_eq!((p.kv_group, p.causal, p.padded_rows), (4, 1, 300u32.div_ceil(bm) * bm));
         assert!((p.softmax_scale - 1.0 / (d as f32).sqrt()).abs() < 1e-7);
-        assert_eq!(plan.tma[0].box_dims, [64, 64, d as u32 / 64, 1, 1], "q: 64 query rows");
+        assert_eq!(plan.tma[0].box_dims, [64, bm, d as u32 / 64, 1, 1], "q: a query block");
+        assert_eq!(plan.launches[1].smem_bytes, bwd::SmemLayout::new(d as u32, bm).total);
         assert_eq!(plan.tma[1].box_dims, [64, bn, d as u32 / 64, 1, 1], "k: a key block");
         assert_eq!(p.dq_order, DqOrder::Unordered as u32);
         let det = plan_backward(&t, &AttnOptions::default().deterministic(true), 132).unwrap();
         assert_eq!(det.params.dq_semaphore - t.workspace.0, ws.semaphores as u64);
         assert_eq!(det.launches[1].kernel.kind, common::KernelKind::Backward(BwdStage::MainDeterministic));
         // 5 query blocks, 4 key blocks: the rotated order when all 4 CTAs of a head fit
-        // (8 key blocks of 64 at hdim 256: more than the query blocks, so descending).
-        let rotated = if d == 256 { DqOrder::Descending } else { DqOrder::Rotated };
+        // (8 key blocks of 64 at hdim 256, and 3 query blocks of 128 at hdim 64: more key
+        // blocks than query blocks, so descending).
+        let rotated = if d == 128 { DqOrder::Rotated } else { DqOrder::Descending };
         assert_eq!(det.params.dq_order, rotated as u32);
         let few_sms = plan_backward(&t, &AttnOptions::default().deterministic(true), 3).unwrap();
         assert_eq!(few_sms.params.dq_order, DqOrder::Descending as u32);
         let causal = plan_backward(&t, &AttnOptions::default().deterministic(true).causal(true), 132).unwrap();
         assert_eq!(causal.params.dq_order, DqOrder::Descending as u32);
+        // A score modification or a window: 64-row steps at every head dim, and the same
+        // workspace (its padding fits both).
+        for opts in [AttnOptions::default().softcap(30.0), AttnOptions::default().window(Some(50), Some(0))] {
+            let plan = plan_backward(&t, &opts, 132).unwrap();
+            assert_eq!(plan.tma[0].box_dims, [64, 64, d as u32 / 64, 1, 1], "q: 64 query rows");
+            assert_eq!(plan.launches[1].smem_bytes, bwd::SmemLayout::new(d as u32, 64).total);
+            assert_eq!(plan.params.padded_rows, p.padded_rows);
+        }
     }
 }
 

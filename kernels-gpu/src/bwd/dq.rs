@@ -50,11 +50,8 @@ impl DqStager {
         // The writer has read the previous step's piece (a fresh barrier passes at once).
         storage.dq.empty(wg).wait(self.phase ^ 1);
         let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
-        // One piece (`common::bwd::dq_stage_index`).
-        let tiles = <K::DqTile as FragTile>::FRAGS as u32;
-        const { assert!(K::SPLIT || <K::DqTile as FragTile>::FRAGS as u32 * 8 == dq_piece_cols(K::HDIM)) };
         for j in 0..<K::DqTile as FragTile>::FRAGS {
-            let at = slot.add(((warp * tiles + j as u32) * 32 + lane) * 16);
+            let at = slot.add(stage_offset::<K>(warp, lane, j as u32));
             // SAFETY: inside this warpgroup's slot; 16 B aligned.
             unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
         }
@@ -71,11 +68,8 @@ impl DqStager {
     pub fn stage_split<K: BwdTraits>(&mut self, storage: &BwdStorage, dq: &K::DqTile, stage: u32, wg: u32, thread_in_wg: u32) {
         let slot = storage.dq_split_slot(stage, wg);
         let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
-        // Its pieces in turn (`common::bwd::dq_stage_index`).
-        let tiles = dq_piece_cols(K::HDIM) / 8;
         for j in 0..<K::DqTile as FragTile>::FRAGS as u32 {
-            let (piece, jj) = (j / tiles, j % tiles);
-            let at = slot.add((piece * dq_piece(K::HDIM) + ((warp * tiles + jj) * 32 + lane) * 4) * 4);
+            let at = slot.add(stage_offset::<K>(warp, lane, j));
             // SAFETY: inside the 32 KB slot; 16 B aligned.
             unsafe { smem::st_v4_u32(at, dq.frag(j as usize).map(f32::to_bits)) };
         }
@@ -92,6 +86,20 @@ impl DqStager {
         if thread_in_wg == 0 {
             storage.dq.full(full).arrive();
         }
+    }
+}
+
+/// Byte offset of n-tile `j` of thread (`warp`, `lane`) in a warpgroup's staged dQ:
+/// `common::bwd::dq_stage_index`, its pieces in turn (one piece: the same offsets
+/// written as a single product, as the hdim 128 kernels' registers were fitted with).
+#[inline(always)]
+fn stage_offset<K: BwdTraits>(warp: u32, lane: u32, j: u32) -> u32 {
+    let tiles = dq_piece_cols(K::HDIM) / 8;
+    if <K::DqTile as FragTile>::FRAGS as u32 == tiles {
+        ((warp * tiles + j) * 32 + lane) * 16
+    } else {
+        let (piece, jj) = (j / tiles, j % tiles);
+        (piece * dq_piece(K::HDIM) + ((warp * tiles + jj) * 32 + lane) * 4) * 4
     }
 }
 
@@ -130,11 +138,11 @@ impl<K: BwdTraits> DqWriter<K> {
                 // registers.
                 let bh = opaque_u32(bh);
                 let row = bh as u64 * p.padded_rows as u64 + (m * K::BLOCK_M) as u64;
-                let block = |wg: u32| p.dq_accum + 4 * (row * K::HDIM as u64 + (DqSplit::of::<K>(wg).col0 / dq_piece_cols(K::HDIM) * dq_piece(K::HDIM)) as u64);
+                let block = |wg: u32| p.dq_accum + 4 * (row * K::HDIM as u64 + DqSplit::of::<K>(wg).accum_offset::<K>() as u64);
                 for wg in 0..MMA_WGS {
-                    // SAFETY: a warpgroup's whole pieces of the accumulator (16 B
+                    // SAFETY: a warpgroup's whole pieces of the accumulator (64 rows, 16 B
                     // aligned), staged and fenced by the consumers before the full barrier.
-                    unsafe { tma::bulk_reduce_add_f32(block(wg), storage.dq.slot(wg), K::BLOCK_M * wg_dq_cols(K::HDIM) * 4) };
+                    unsafe { tma::bulk_reduce_add_f32(block(wg), storage.dq.slot(wg), 64 * wg_dq_cols(K::HDIM, K::BLOCK_M) * 4) };
                     tma::store_commit();
                 }
                 if K::DETERMINISTIC {

@@ -143,6 +143,11 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// soft-capping kernel), so those kernels keep one slot and the barrier.
     const DQ_FIRST: bool = !Self::LATE_DP;
 
+    /// dV's product is waited for before `dSᵀ` is made, so that `Pᵀ`'s packed registers
+    /// are free by then: with 128-query steps (hdim 64), where the score tiles take 64
+    /// registers each, they spilled 24-112 bytes live beside `Pᵀ`, `dPᵀ` and `dSᵀ`.
+    const DV_BEFORE_DS: bool = K::BLOCK_M == 128;
+
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
     /// and dV.
@@ -349,8 +354,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
             Self::issue_dv(grads, &mut probs, do_b);
         }
         // dPᵀ landed (dV may still run).
-        if K::SPLIT {
+        if K::SPLIT || Self::DV_BEFORE_DS {
             gemm::wait::<0>(&mut dp);
+            probs.fence_operand();
         } else {
             gemm::wait::<1>(&mut dp);
         }
@@ -426,14 +432,15 @@ impl<K: BwdTraits> Consumer<'_, K> {
         self.dq.stage::<K>(&self.storage, &dq, self.wg, self.thread_in_wg);
     }
 
-    /// `dQ = dS K` for this warpgroup's columns ([`DqSplit`]) over the block's keys. dSᵀ
+    /// `dQ = dS K` for this warpgroup's part ([`DqSplit`]) over the block's keys. dSᵀ
     /// is stored key-row by key-row: dS is its MN-major transpose. K likewise, from
     /// column `col0` (at hdim 64 the middle of a swizzled row: the swizzle acts on the
     /// address bits, so an operand may start there, as the K-major k-steps do).
     #[inline(always)]
     fn issue_dq(&self, dq: &mut K::DqTile, split: DqSplit, stage: u32) {
         let s = &self.storage;
-        let ds_desc = opaque_u64(mn_major_sw128(s.ds_slot::<K>(stage).0, K::BLOCK_N));
+        // dS's rows are dSᵀ's 64-column chunks.
+        let ds_desc = opaque_u64(mn_major_sw128(s.ds_slot::<K>(stage).add(sw128_rows(K::BLOCK_N, split.row0 / 64, 0)).0, K::BLOCK_N));
         let k_col = sw128_rows(K::BLOCK_N, split.col0 / 64, 0) + 2 * (split.col0 % 64);
         let kt_desc = opaque_u64(mn_major_sw128(s.k.slot(0).add(k_col).0, K::BLOCK_N));
         dq.fence_operand();
@@ -461,7 +468,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
     fn release_stage(&mut self, grads: &mut KeyBlockGrads<K>, probs: &mut <K::Scores as ScoreTile>::Probs, dsf: &mut <K::Scores as ScoreTile>::Probs) {
         grads.dv.fence_operand();
         grads.dk.fence_operand();
-        probs.fence_operand();
+        if !Self::DV_BEFORE_DS {
+            probs.fence_operand();
+        }
         dsf.fence_operand();
         self.storage.q.consumer_release(self.state);
         self.storage.dout.consumer_release(self.state);

@@ -184,10 +184,11 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
             kernel: core::marker::PhantomData,
         };
         let grads = consumer.run();
-        // Soft-capping: the coordinates are re-derived (opaque): shared with the
-        // mainloop's, the epilogue's row index stayed live across it and spilled at hdim
-        // 128 (the plain kernels keep theirs, which fit).
-        let (wg, thread_in_wg) = if K::SOFTCAP { (opaque_u32(wg), opaque_u32(thread_in_wg)) } else { (wg, thread_in_wg) };
+        // Soft-capping and 128-query steps: the coordinates are re-derived (opaque):
+        // shared with the mainloop's, the epilogue's row index stayed live across it and
+        // spilled (the other kernels keep theirs, which fit).
+        let rederive = K::SOFTCAP || K::BLOCK_M == 128;
+        let (wg, thread_in_wg) = if rederive { (opaque_u32(wg), opaque_u32(thread_in_wg)) } else { (wg, thread_in_wg) };
         epilogue::store::<K>(&p, &grads, n_block, head_k, batch, wg, thread_in_wg);
         // Shared memory must outlive the last dQ reduction's reads.
         crate::fa3::epilogue::drain(thread_in_wg);

@@ -6,7 +6,7 @@
 //! columns a thread.
 use crate::element::Element;
 use crate::ptx::{global, math, sreg};
-use common::bwd::{AUX_THREADS, BwdParams, PREPROCESS_ROWS, block_m, dq_accum_index};
+use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS, dq_accum_index};
 
 /// The postprocess kernel body for element type `E` at head dim `HDIM`.
 ///
@@ -25,7 +25,7 @@ pub unsafe fn postprocess<E: Element, const HDIM: u32>(p: BwdParams) {
     while row < first + PREPROCESS_ROWS && row < p.seqlen_q {
         // The query block's floats, in fragment order: (row, col) and (row, col + 1) are
         // adjacent.
-        let bm = block_m(HDIM);
+        let bm = ACCUM_ROWS;
         let block = (bh * p.padded_rows as u64 + (row / bm * bm) as u64) * HDIM as u64;
         let accum = p.dq_accum + 4 * (block + dq_accum_index(HDIM, row % bm, col) as u64);
         // SAFETY: inside the padded accumulator; 8 B aligned (even column).

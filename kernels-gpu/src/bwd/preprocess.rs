@@ -6,7 +6,7 @@
 //! [`AUX_THREADS`] threads: one warp per row at a time.
 use crate::element::Element;
 use crate::ptx::{global, math, sreg};
-use common::bwd::{AUX_THREADS, BwdParams, PREPROCESS_ROWS, block_m};
+use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS};
 
 /// The preprocess kernel body for element type `E` at head dim `HDIM`.
 ///
@@ -60,10 +60,11 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
             }
             // Padded rows: exp2(-inf) = 0.
             dsink -= math::exp2(sink_log2 - lse) * dot;
-            if p.dq_semaphore != 0 && row % block_m(HDIM) == 0 {
-                let blocks = p.seqlen_q.div_ceil(block_m(HDIM)) as u64;
+            // (Rows padded past the last 64-row block have no counter.)
+            if p.dq_semaphore != 0 && row % ACCUM_ROWS == 0 && row < p.seqlen_q {
+                let blocks = p.seqlen_q.div_ceil(ACCUM_ROWS) as u64;
                 // SAFETY: one u32 per (batch, head, query block), host-sized.
-                unsafe { global::st_u32(p.dq_semaphore + 4 * (bh * blocks + (row / block_m(HDIM)) as u64), 0) };
+                unsafe { global::st_u32(p.dq_semaphore + 4 * (bh * blocks + (row / ACCUM_ROWS) as u64), 0) };
             }
         }
         // The row of the dQ accumulator: 4 floats a lane.

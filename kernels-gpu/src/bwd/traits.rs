@@ -46,8 +46,8 @@ pub trait BwdTraits: Copy + 'static {
     /// `NoVariant` in the built-in kernels): `P` from its logits and `dS` times its
     /// derivative, as soft-capping.
     type Variant: LogitHook;
-    /// Query rows per step.
-    const BLOCK_M: u32 = bwd::block_m(Self::HDIM);
+    /// Query rows per step (`common::bwd::block_m`: 128 for hdim 64's plain kernels).
+    const BLOCK_M: u32;
     /// Keys per CTA.
     const BLOCK_N: u32 = bwd::block_n(Self::HDIM);
     /// The consumer warpgroups share the block's keys and split the step's queries (for
@@ -55,10 +55,10 @@ pub trait BwdTraits: Copy + 'static {
     /// shared memory (`common::bwd::splits_head_dim`).
     const SPLIT: bool = bwd::splits_head_dim(Self::HDIM);
     /// The shared-memory layout.
-    const SMEM: SmemLayout = SmemLayout::new(Self::HDIM);
+    const SMEM: SmemLayout = SmemLayout::new(Self::HDIM, Self::BLOCK_M);
     /// Bytes of a Q or dO tile, and of a stage's LSE or D vector.
     const Q_BYTES: u32 = Self::BLOCK_M * Self::HDIM * 2;
-    const VECTOR_BYTES: u32 = SmemLayout::vector_bytes(Self::HDIM);
+    const VECTOR_BYTES: u32 = SmemLayout::vector_bytes(Self::BLOCK_M);
 }
 
 /// Where a consumer warpgroup works in the CTA's block: its keys (of the score tiles, dK
@@ -77,18 +77,22 @@ impl WgTile {
     #[inline(always)]
     pub fn of<K: BwdTraits>(wg: u32) -> Self {
         if K::SPLIT {
-            WgTile { key0: 0, query0: wg * bwd::wg_queries(K::HDIM), col0: wg * bwd::wg_grad_cols(K::HDIM) }
+            WgTile { key0: 0, query0: wg * bwd::wg_queries(K::HDIM, K::BLOCK_M), col0: wg * bwd::wg_grad_cols(K::HDIM) }
         } else {
             WgTile { key0: wg * WARPGROUP_ROWS, query0: 0, col0: 0 }
         }
     }
 }
 
-/// Which part of the step's dQ (`BLOCK_M = 64` rows by `HDIM`) a consumer warpgroup
-/// computes: columns `wg_dq_cols · wg ..` (half the head dimension) over all the block's
-/// keys, so both warpgroups' rows of `dSᵀ` must be in shared memory first.
+/// Which part of the step's dQ (`BLOCK_M` rows by `HDIM`) a consumer warpgroup
+/// computes over all the block's keys (so both warpgroups' rows of `dSᵀ` must be in
+/// shared memory first): with 64-row steps columns `wg_dq_cols · wg ..` (half the head
+/// dimension), with 128-row steps (hdim 64) rows `64 wg ..`, every column
+/// (`common::bwd::splits_dq_rows`).
 #[derive(Clone, Copy)]
 pub struct DqSplit {
+    /// First row of the step's query block.
+    pub row0: u32,
     /// First column.
     pub col0: u32,
 }
@@ -96,7 +100,18 @@ pub struct DqSplit {
 impl DqSplit {
     #[inline(always)]
     pub fn of<K: BwdTraits>(wg: u32) -> Self {
-        const { assert!(K::BLOCK_M == 64 && (K::HDIM == 64 || K::HDIM == 128 || K::HDIM == 256)) };
-        DqSplit { col0: bwd::wg_dq_cols(K::HDIM) * wg }
+        const { assert!(K::BLOCK_M == 64 || (K::BLOCK_M == 128 && !K::SPLIT)) };
+        if bwd::splits_dq_rows(K::BLOCK_M) {
+            DqSplit { row0: WARPGROUP_ROWS * wg, col0: 0 }
+        } else {
+            DqSplit { row0: 0, col0: bwd::wg_dq_cols(K::HDIM, K::BLOCK_M) * wg }
+        }
+    }
+
+    /// This part's first float in the query block's accumulator
+    /// (`common::bwd::dq_accum_index` order).
+    #[inline(always)]
+    pub fn accum_offset<K: BwdTraits>(self) -> u32 {
+        self.row0 * K::HDIM + self.col0 / bwd::dq_piece_cols(K::HDIM) * bwd::dq_piece(K::HDIM)
     }
 }
