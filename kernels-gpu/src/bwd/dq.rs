@@ -50,10 +50,21 @@ impl DqStager {
         // The writer has read the previous step's piece (a fresh barrier passes at once).
         storage.dq.empty(wg).wait(self.phase ^ 1);
         let (warp, lane) = (thread_in_wg / 32, thread_in_wg % 32);
-        for j in 0..<K::DqTile as FragTile>::FRAGS {
-            let at = slot.add(stage_offset::<K>(warp, lane, j as u32));
-            // SAFETY: inside this warpgroup's slot; 16 B aligned.
-            unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
+        if <K::DqTile as FragTile>::FRAGS as u32 * 8 == dq_piece_cols(K::HDIM) {
+            // One piece: n-tile j at `((warp · tiles + j) · 32 + lane) · 16` bytes (written
+            // as one product: the hdim 128 kernels' registers were fitted with this form).
+            let tiles = <K::DqTile as FragTile>::FRAGS as u32;
+            for j in 0..<K::DqTile as FragTile>::FRAGS {
+                let at = slot.add(((warp * tiles + j as u32) * 32 + lane) * 16);
+                // SAFETY: inside this warpgroup's slot; 16 B aligned.
+                unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
+            }
+        } else {
+            for j in 0..<K::DqTile as FragTile>::FRAGS {
+                let at = slot.add(stage_offset::<K>(warp, lane, j as u32));
+                // SAFETY: inside this warpgroup's slot; 16 B aligned.
+                unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
+            }
         }
         Self::publish(storage, wg, wg, thread_in_wg);
         self.phase ^= 1;
@@ -89,18 +100,13 @@ impl DqStager {
     }
 }
 
-/// Byte offset of n-tile `j` of thread (`warp`, `lane`) in a warpgroup's staged dQ:
-/// `common::bwd::dq_stage_index`, its pieces in turn (one piece: the same offsets
-/// written as a single product, as the hdim 128 kernels' registers were fitted with).
+/// Byte offset of n-tile `j` of thread (`warp`, `lane`) in a warpgroup's staged dQ of
+/// several pieces: `common::bwd::dq_stage_index`, its pieces in turn.
 #[inline(always)]
 fn stage_offset<K: BwdTraits>(warp: u32, lane: u32, j: u32) -> u32 {
     let tiles = dq_piece_cols(K::HDIM) / 8;
-    if <K::DqTile as FragTile>::FRAGS as u32 == tiles {
-        ((warp * tiles + j) * 32 + lane) * 16
-    } else {
-        let (piece, jj) = (j / tiles, j % tiles);
-        (piece * dq_piece(K::HDIM) + ((warp * tiles + jj) * 32 + lane) * 4) * 4
-    }
+    let (piece, jj) = (j / tiles, j % tiles);
+    (piece * dq_piece(K::HDIM) + ((warp * tiles + jj) * 32 + lane) * 4) * 4
 }
 
 /// The dQ writer: one warp of the producer warpgroup, on the producer's registers.
