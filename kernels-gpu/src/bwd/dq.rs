@@ -1,6 +1,7 @@
 //! dQ's fp32 accumulator in global memory: every key block adds its `dS K` to the query
-//! blocks it sees. Each consumer warpgroup stages its columns of the step's dQ (64 rows by
-//! half the head dimension) in its shared-memory slot in fragment order
+//! blocks it sees. Each consumer warpgroup stages its part of the step's dQ (64 rows: half
+//! the head dimension, or every column of its rows in 128-row steps, `DqSplit`) in its
+//! shared-memory slot in fragment order
 //! (`common::bwd::dq_accum_index`: 16-byte stores, no bank conflict) and signals the
 //! slot's full barrier; the dQ writer, a warp of the producer warpgroup, adds them to
 //! the accumulator with one bulk reduction
