@@ -95,7 +95,8 @@ pub const fn block_m(hdim: u32, wide: bool) -> u32 {
 
 /// Whether the built-in backward kernel of this head dimension, score modification and
 /// mask runs 128-row steps ([`block_m`]): hdim 64 without a score modification, causal or
-/// not. (User variants' kernels run 64-row steps.)
+/// not (user variants' kernels, `ScoreModKind::User`, run 64-row steps). The kernels'
+/// traits and the host's plan both read it.
 pub const fn wide_steps(hdim: u32, score_mod: crate::ScoreModKind, mask: crate::MaskKind) -> bool {
     hdim == 64 && matches!(score_mod, crate::ScoreModKind::None) && matches!(mask, crate::MaskKind::Causal)
 }
@@ -349,8 +350,8 @@ impl crate::fa3::DescriptorSlot for BwdTensorMap {
     }
 }
 
-/// Columns of a piece of the dQ accumulator: a warpgroup's columns of a step (hdim 64),
-/// or 64.
+/// Columns of a piece of the dQ accumulator: 32 at hdim 64 (a warpgroup's columns of a
+/// 64-row step), else 64.
 pub const fn dq_piece_cols(hdim: u32) -> u32 {
     if hdim == 64 { 32 } else { 64 }
 }
@@ -729,7 +730,7 @@ pub struct SmemLayout {
     /// `block_m` f32 per stage.
     pub lse: crate::fa3::SmemBuffer,
     pub dpsum: crate::fa3::SmemBuffer,
-    /// Each consumer warpgroup's dQ product (`block_m` by [`wg_dq_cols`] f32), staged for the dQ writer
+    /// Each consumer warpgroup's dQ product (64 rows by [`wg_dq_cols`] f32), staged for the dQ writer
     /// warp's bulk reduction into the accumulator: one slot per consumer warpgroup, with
     /// its full (staged) and empty (read) barriers. Where the head dimension is split
     /// the slots are empty (dQ is staged in the Q and dO slots) and full barrier `s`

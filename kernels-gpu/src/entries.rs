@@ -147,6 +147,7 @@ macro_rules! bwd_entries {
             softcap matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Softcap | common::ScoreModKind::SoftcapAlibi),
             alibi matches!(common::ScoreModKind::$score_mod, common::ScoreModKind::Alibi | common::ScoreModKind::SoftcapAlibi),
             local matches!(common::MaskKind::$mask, common::MaskKind::Local | common::MaskKind::Document),
+            wide common::bwd::wide_steps($d, common::ScoreModKind::$score_mod, common::MaskKind::$mask),
             docs_type!($mask), fa3::variant::NoVariant
         );
     };

@@ -87,14 +87,11 @@ macro_rules! fa3_entry {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! bwd_main_entry {
-    ($symbol:expr, $dtype:ident, hdim $d:literal, deterministic $deterministic:expr, softcap $softcap:expr, alibi $alibi:expr, local $local:expr, $docs:ty, $variant:ty) => {
+    ($symbol:expr, $dtype:ident, hdim $d:literal, deterministic $deterministic:expr, softcap $softcap:expr, alibi $alibi:expr, local $local:expr, wide $wide:expr, $docs:ty, $variant:ty) => {
         const _: () = {
-            /// Query rows per step: 128 where hdim 64's kernel fits them
-            /// (`common::bwd::wide_steps`: no score modification, mask or user variant).
-            const BLOCK_M: u32 = $crate::common::bwd::block_m(
-                $d,
-                !$softcap && !$alibi && !$local && !<$variant as $crate::fa3::variant::LogitHook>::ACTIVE,
-            );
+            /// Query rows per step (`wide`: `common::bwd::wide_steps` of the table entry, as
+            /// the host reads it).
+            const BLOCK_M: u32 = $crate::common::bwd::block_m($d, $wide);
             /// Backward main kernel; grid `(key blocks, heads_k, batch)`, 384 threads. The
             /// TMA descriptors (q, k, v, dO) are read through the parameter's address.
             #[unsafe(export_name = $symbol)]
@@ -155,6 +152,7 @@ macro_rules! __variant_bwd_entries {
             concat!(stringify!($variant), "__", stringify!($name)), $dtype, hdim $d,
             deterministic matches!($crate::common::bwd::BwdStage::$stage, $crate::common::bwd::BwdStage::MainDeterministic),
             softcap false, alibi false, local false,
+            wide $crate::common::bwd::wide_steps($d, $crate::common::ScoreModKind::$score_mod, $crate::common::MaskKind::$mask),
             $crate::common::window::NoDocuments,
             $crate::fa3::variant::UserVariant<$v, { matches!($crate::common::MaskKind::$mask, $crate::common::MaskKind::Sparse) }>
         );

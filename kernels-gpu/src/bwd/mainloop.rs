@@ -384,7 +384,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
 
         // 4. dSᵀ to shared memory (with [`Self::DQ_FIRST`] to its slot of the stage: the
         // other slot may still feed the previous step's dQ product), then this
-        // warpgroup's columns of dQ = dS K once both warpgroups' rows are there. Its
+        // warpgroup's part of dQ = dS K once both warpgroups' rows are there. Its
         // packed pairs are the A fragments' (n-tile j is half j % 2 of k-step j / 2).
         const { assert!(K::SPLIT || common::bwd::ds_stages(K::HDIM) == STAGES) };
         let split = DqSplit::of::<K>(self.wg);
