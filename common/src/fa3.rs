@@ -176,6 +176,9 @@ pub struct KernelConfig {
     pub techniques: Techniques,
     /// e4m3 Q, K and V (one byte each, V transposed; `crate::fp8`), O 16-bit.
     pub fp8: bool,
+    /// FP8 only: V comes as stored (`[b, s, h, d]`, loaded as K is) and the producer
+    /// warpgroup transposes each tile in shared memory (`crate::fp8::transpose_op`).
+    pub transpose_v: bool,
 }
 
 impl KernelConfig {
@@ -201,6 +204,8 @@ impl KernelConfig {
     /// 64512, since their producer issues half-tile loads per chunk and spills on 24).
     pub const fn register_split(&self) -> (u32, u32) {
         match (self.consumer_wgs, self.cluster) {
+            // The FP8 producer warpgroup that also transposes V spilled on 24.
+            (2, 1) if self.transpose_v => (32, 232),
             (2, 1) => (24, 240),
             (2, _) => (40, 232),
             _ => (32, 160),
@@ -300,15 +305,21 @@ pub const fn key_block_of(hdim: u32, seqlen_k: u32, score_mod: crate::ScoreModKi
 /// The configuration of an FA3 forward kernel of the table (`None` for FA2 and backward
 /// kernels).
 pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
-    let fp8 = match k.kind {
-        crate::KernelKind::Forward => false,
-        crate::KernelKind::ForwardFp8 => true,
+    let (fp8, transpose_v) = match k.kind {
+        crate::KernelKind::Forward => (false, false),
+        crate::KernelKind::ForwardFp8 { transpose_v } => (true, transpose_v),
         _ => return None,
     };
     match k.algo {
-        Algo::Fa3(techniques) => {
-            Some(KernelConfig { hdim: k.hdim, consumer_wgs: k.consumer_wgs, block_n: k.block_n, cluster: k.cluster, techniques, fp8 })
-        }
+        Algo::Fa3(techniques) => Some(KernelConfig {
+            hdim: k.hdim,
+            consumer_wgs: k.consumer_wgs,
+            block_n: k.block_n,
+            cluster: k.cluster,
+            techniques,
+            fp8,
+            transpose_v,
+        }),
         Algo::Fa2 => None,
     }
 }
@@ -366,7 +377,7 @@ pub const SMEM_ALIGN: u32 = 1024;
 /// the tile handoff.
 ///
 /// ```text
-/// | Q | K stage 0 .. | V stage 0 .. | O (if it fits) | Q bars | K bars | V bars | handoff bars | handoff slots |
+/// | Q | K stage 0 .. | V stage 0 .. | raw V stages (FP8 transposing) | O (if it fits) | Q bars | K bars | V bars | raw V bars | handoff bars | handoff slots |
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SmemLayout {
@@ -374,8 +385,12 @@ pub struct SmemLayout {
     pub q: SmemRing,
     /// K blocks (`block_n x hdim` each).
     pub k: SmemRing,
-    /// V blocks, as K.
+    /// V blocks, as K (transposed in the FP8 kernels).
     pub v: SmemRing,
+    /// The FP8 kernels that transpose V ([`KernelConfig::transpose_v`]): V blocks as
+    /// stored, `block_n x hdim` as K, before the producer transposes them into `v`. No
+    /// stage elsewhere.
+    pub v_raw: SmemRing,
     /// Staging tile of O for the TMA store: its own buffer when it fits, so a tile's
     /// epilogue overlaps the next tile's Q load; else Q's buffer (then Q is released
     /// only once the store has read O).
@@ -396,21 +411,23 @@ impl SmemLayout {
         let q = SmemRing { data: 0, stage_bytes: q_bytes, stages: 1, barriers: 0 };
         let k = SmemRing { data: q_bytes, stage_bytes: kv_stage_bytes, stages: KV_STAGES, barriers: 0 };
         let v = SmemRing { data: k.slot(KV_STAGES), ..k };
-        let kv_end = v.slot(KV_STAGES);
+        let v_raw = SmemRing { data: v.slot(KV_STAGES), stages: if cfg.transpose_v { KV_STAGES } else { 0 }, ..k };
+        let kv_end = v_raw.slot(v_raw.stages);
         let handoff_bytes = TILE_HANDOFF_STAGES * (2 * MBARRIER_BYTES + TILE_HANDOFF_SLOT_BYTES);
-        let tail = q.barrier_bytes() + k.barrier_bytes() + v.barrier_bytes() + handoff_bytes + SMEM_ALIGN;
+        let tail = q.barrier_bytes() + k.barrier_bytes() + v.barrier_bytes() + v_raw.barrier_bytes() + handoff_bytes + SMEM_ALIGN;
         let (o, barriers) = if kv_end + o_bytes + tail <= MAX_SMEM { (kv_end, kv_end + o_bytes) } else { (0, kv_end) };
         let q = SmemRing { barriers, ..q };
         let k = SmemRing { barriers: q.barriers + q.barrier_bytes(), ..k };
         let v = SmemRing { barriers: k.barriers + k.barrier_bytes(), ..v };
-        let handoff_barriers = v.barriers + v.barrier_bytes();
+        let v_raw = SmemRing { barriers: v.barriers + v.barrier_bytes(), ..v_raw };
+        let handoff_barriers = v_raw.barriers + v_raw.barrier_bytes();
         let tile_handoff = SmemRing {
             data: handoff_barriers + 2 * MBARRIER_BYTES * TILE_HANDOFF_STAGES,
             stage_bytes: TILE_HANDOFF_SLOT_BYTES,
             stages: TILE_HANDOFF_STAGES,
             barriers: handoff_barriers,
         };
-        SmemLayout { q, k, v, o: SmemBuffer { offset: o, bytes: o_bytes }, tile_handoff, total: barriers + tail }
+        SmemLayout { q, k, v, v_raw, o: SmemBuffer { offset: o, bytes: o_bytes }, tile_handoff, total: barriers + tail }
     }
 
     /// Whether O is staged in Q's buffer.
@@ -532,7 +549,7 @@ macro_rules! fa3_kernel_table {
 macro_rules! fa3_entries {
     ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {
         &[$({
-            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech, fp8: false };
+            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech, fp8: false, transpose_v: false };
             KernelEntry {
                 name: stringify!($name),
                 algo: Algo::Fa3(Techniques::$tech),

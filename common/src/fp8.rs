@@ -120,39 +120,70 @@ pub struct Fp8Descales {
     pub v: ScaleIndex,
 }
 
-/// The FP8 forward kernel table: `callback! { NAME => OUT_DTYPE, hdim D, keys N; ... }`.
+/// The FP8 forward kernel table: `callback! { NAME => OUT_DTYPE, hdim D, keys N, V; ... }`
+/// with `V` either `transposed` (V given as [`vt_position`] lays it out) or `rows` (V as
+/// stored, `[b, s, h, d]`, transposed by the kernel's producer: [`transpose_op`]).
 /// Every entry runs [`block_m`]` / 64` consumer warpgroups with every FA3 technique.
 #[macro_export]
 macro_rules! fp8_kernel_table {
     ($callback:ident) => {
         $callback! {
-            fa3_fp8_hdim64_bf16 => BF16, hdim 64, keys 128;
-            fa3_fp8_hdim64_f16 => F16, hdim 64, keys 128;
-            fa3_fp8_hdim128_bf16 => BF16, hdim 128, keys 128;
-            fa3_fp8_hdim128_f16 => F16, hdim 128, keys 128;
-            fa3_fp8_hdim128_bf16_n192 => BF16, hdim 128, keys 192;
-            fa3_fp8_hdim128_f16_n192 => F16, hdim 128, keys 192;
-            fa3_fp8_hdim256_bf16 => BF16, hdim 256, keys 64;
-            fa3_fp8_hdim256_f16 => F16, hdim 256, keys 64;
+            fa3_fp8_hdim64_bf16 => BF16, hdim 64, keys 128, transposed;
+            fa3_fp8_hdim64_f16 => F16, hdim 64, keys 128, transposed;
+            fa3_fp8_hdim128_bf16 => BF16, hdim 128, keys 128, transposed;
+            fa3_fp8_hdim128_f16 => F16, hdim 128, keys 128, transposed;
+            fa3_fp8_hdim128_bf16_n192 => BF16, hdim 128, keys 192, transposed;
+            fa3_fp8_hdim128_f16_n192 => F16, hdim 128, keys 192, transposed;
+            fa3_fp8_hdim256_bf16 => BF16, hdim 256, keys 64, transposed;
+            fa3_fp8_hdim256_f16 => F16, hdim 256, keys 64, transposed;
+            fa3_fp8_hdim64_bf16_vrows => BF16, hdim 64, keys 128, rows;
+            fa3_fp8_hdim64_f16_vrows => F16, hdim 64, keys 128, rows;
+            fa3_fp8_hdim128_bf16_vrows => BF16, hdim 128, keys 128, rows;
+            fa3_fp8_hdim128_f16_vrows => F16, hdim 128, keys 128, rows;
+            fa3_fp8_hdim128_bf16_n192_vrows => BF16, hdim 128, keys 192, rows;
+            fa3_fp8_hdim128_f16_n192_vrows => F16, hdim 128, keys 192, rows;
+            fa3_fp8_hdim256_bf16_vrows => BF16, hdim 256, keys 64, rows;
+            fa3_fp8_hdim256_f16_vrows => F16, hdim 256, keys 64, rows;
         }
     };
 }
 
+/// Whether a table entry's `V` column (`transposed` or `rows`) makes the kernel
+/// transpose V.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! fp8_transposes_v {
+    (transposed) => {
+        false
+    };
+    (rows) => {
+        true
+    };
+}
+
 /// The kernel configuration of an FP8 forward entry.
-pub const fn config(hdim: u32, block_n: u32) -> KernelConfig {
-    KernelConfig { hdim, consumer_wgs: block_m(hdim) / 64, block_n, cluster: 1, techniques: Techniques::FULL, fp8: true }
+pub const fn config(hdim: u32, block_n: u32, transpose_v: bool) -> KernelConfig {
+    KernelConfig {
+        hdim,
+        consumer_wgs: block_m(hdim) / 64,
+        block_n,
+        cluster: 1,
+        techniques: Techniques::FULL,
+        fp8: true,
+        transpose_v,
+    }
 }
 
 macro_rules! fp8_entries {
-    ($($name:ident => $dtype:ident, hdim $hdim:literal, keys $keys:literal;)*) => {
+    ($($name:ident => $dtype:ident, hdim $hdim:literal, keys $keys:literal, $v:ident;)*) => {
         &[$(KernelEntry {
             name: stringify!($name),
             algo: Algo::Fa3(Techniques::FULL),
-            kind: KernelKind::ForwardFp8,
+            kind: KernelKind::ForwardFp8 { transpose_v: $crate::fp8_transposes_v!($v) },
             hdim: $hdim,
             dtype: DType::$dtype,
             tma_param_bytes: TMA_PARAM_BYTES,
-            launch_bounds: config($hdim, $keys).threads(),
+            launch_bounds: config($hdim, $keys, $crate::fp8_transposes_v!($v)).threads(),
             cluster: 1,
             consumer_wgs: block_m($hdim) / 64,
             block_n: $keys,
@@ -167,11 +198,135 @@ pub const KERNELS: &[KernelEntry] = fp8_kernel_table!(fp8_entries);
 
 /// The FP8 forward kernel with head dim `hdim` writing O in `out` over `seqlen_k` keys,
 /// for K and V with block factors ([`block_n`] keys a tile) or per-head ones
-/// ([`per_head_block_n`] from [`WIDE_MIN_KEYS`] keys).
-pub fn find(hdim: u32, out: DType, per_head_kv: bool, seqlen_k: u32) -> Option<&'static KernelEntry> {
+/// ([`per_head_block_n`] from [`WIDE_MIN_KEYS`] keys); `transpose_v`: for V as stored
+/// (`[b, s, h, d]`), transposed by the kernel.
+pub fn find(hdim: u32, out: DType, per_head_kv: bool, seqlen_k: u32, transpose_v: bool) -> Option<&'static KernelEntry> {
     let keys = if per_head_kv && seqlen_k >= WIDE_MIN_KEYS { per_head_block_n(hdim) } else { block_n(hdim) };
-    KERNELS.iter().find(|k| k.hdim == hdim && k.dtype == out && k.block_n == keys)
+    KERNELS
+        .iter()
+        .find(|k| k.hdim == hdim && k.dtype == out && k.block_n == keys && k.kind == KernelKind::ForwardFp8 { transpose_v })
 }
+
+/// Head-dim bytes per swizzle span of a K tile, and of a V tile as stored (`[b, s, h, d]`,
+/// loaded as K is): 128 (`SWIZZLE_128B`), or 64 at hdim 64 (`SWIZZLE_64B`).
+pub const fn kv_span(hdim: u32) -> u32 {
+    if hdim >= 128 { 128 } else { hdim }
+}
+
+/// Byte offset of the swizzled 16-byte unit `lin / 16` (plus `lin % 16`) of a tile laid
+/// out by TMA with a swizzle span of `span` bytes (128: Swizzle<3,4,3>, the unit index
+/// XORed with bits 7-9; 64: Swizzle<2,4,3>, with bits 7-8), the tile aligned to its atom.
+pub const fn swizzled(lin: u32, span: u32) -> u32 {
+    let mask = if span == 128 { 7 } else { 3 };
+    lin ^ (((lin >> 7) & mask) << 4)
+}
+
+/// Byte offset of element (`key`, `d`) in a K tile of `block_n` keys by `hdim`, and of V
+/// as stored: the head dim in [`kv_span`] chunks, chunk `c` at `c * block_n * span`.
+pub const fn kv_tile_offset(block_n: u32, hdim: u32, key: u32, d: u32) -> u32 {
+    let span = kv_span(hdim);
+    (d / span) * block_n * span + swizzled(key * span + d % span, span)
+}
+
+/// Byte offset of position `pos` ([`vt_position`] of a key) of row `d` in a transposed V
+/// tile of `block_n` keys by `hdim` rows, as the consumers read it: chunks of
+/// [`vt_chunk`] positions, each `hdim` rows of one swizzle span, one after another.
+pub const fn vt_tile_offset(block_n: u32, hdim: u32, pos: u32, d: u32) -> u32 {
+    let chunk = vt_chunk(block_n);
+    (pos / chunk) * hdim * chunk + swizzled(d * chunk + pos % chunk, chunk)
+}
+
+/// Warp operations of the in-kernel V transpose per tile of `block_n` keys by `hdim`:
+/// each moves 16 keys by 32 columns of the head dim ([`transpose_op`]).
+pub const fn transpose_ops(block_n: u32, hdim: u32) -> u32 {
+    (block_n / 16) * (hdim / 32)
+}
+
+/// Lane `lane`'s two row addresses in warp operation `op` (< [`transpose_ops`]) of the
+/// in-kernel V transpose: `(load, store)`, byte offsets in the stored V tile
+/// ([`kv_tile_offset`]) and the transposed one ([`vt_tile_offset`]).
+///
+/// The operation covers keys `k0 .. k0 + 16` and columns `d0 .. d0 + 32`. `ldmatrix.x4.trans`
+/// reads four 8 x 8 matrices of 16-bit pairs (rows: 8 keys; columns: 8 pairs of
+/// columns): matrix `m` holds keys `k0 + 8 (m % 2) ..` and columns `d0 + 16 (m / 2) ..`,
+/// so lane (g = lane / 4, t = lane % 4) gets in register `m` the columns `2g, 2g + 1` of
+/// keys `2t, 2t + 1` of that matrix: bytes (key 2t, col 2g), (2t, 2g + 1), (2t + 1, 2g),
+/// (2t + 1, 2g + 1). Byte permutes of registers 0 and 1 (2 and 3) make of them column
+/// `2g`'s and column `2g + 1`'s bytes of keys `2t, 2t + 1, 2t + 8, 2t + 9`, which are
+/// positions `4t .. 4t + 3` of [`vt_position`]: `stmatrix.x4` stores them as four 8 x 8
+/// matrices whose rows (16 positions of one column) are columns `d0 + 16 (j / 2) + 2i +
+/// (j % 2)` for row `i` of matrix `j`.
+pub const fn transpose_op(block_n: u32, hdim: u32, op: u32, lane: u32) -> (u32, u32) {
+    let slabs = hdim / 32;
+    let (k0, d0) = (16 * (op / slabs), 32 * (op % slabs));
+    let (m, i) = (lane / 8, lane % 8);
+    let load = kv_tile_offset(block_n, hdim, k0 + 8 * (m % 2) + i, d0 + 16 * (m / 2));
+    let store = vt_tile_offset(block_n, hdim, k0, d0 + 16 * (m / 2) + 2 * i + m % 2);
+    (load, store)
+}
+
+/// Head-dim slabs of 32 columns a transposing warp moves per unit of work
+/// ([`transpose_units`]): up to 4 (one 128-byte span of a stored V row).
+pub const fn transpose_unit_slabs(hdim: u32) -> u32 {
+    let slabs = hdim / 32;
+    if slabs < 4 { slabs } else { 4 }
+}
+
+/// Units of work of the in-kernel V transpose per tile: 16 keys by
+/// [`transpose_unit_slabs`] slabs, unit `u` being key group `u / (slabs / unit slabs)`
+/// and slabs from `(u % ..) * unit slabs`; the warps take them round robin.
+pub const fn transpose_units(block_n: u32, hdim: u32) -> u32 {
+    transpose_ops(block_n, hdim) / transpose_unit_slabs(hdim)
+}
+
+/// A lane's constants of the in-kernel V transpose, from which [`transpose_load`] and
+/// [`transpose_store`] give its row addresses of every operation with a few integer
+/// operations (the swizzles' XOR terms of a row depend on the row within its 16-key
+/// group and on the lane only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransposeLane {
+    /// Byte offset of the lane's `ldmatrix` row (key `8 (m % 2) + i` of a group) in
+    /// its 128 B (64 B at hdim 64) span.
+    pub load_row: u32,
+    /// The 16-byte unit the swizzle puts the row's first unit of a 32-column slab at,
+    /// before the slab's own unit index is XORed in.
+    pub load_unit: u32,
+    /// Byte offset of the lane's `stmatrix` row (column `16 (m / 2) + 2i + (m % 2)` of a
+    /// slab) in a transposed chunk.
+    pub store_row: u32,
+    /// The swizzle's XOR term of that row.
+    pub store_unit: u32,
+}
+
+/// The constants of lane `lane` ([`TransposeLane`]).
+pub const fn transpose_lane(block_n: u32, hdim: u32, lane: u32) -> TransposeLane {
+    let (m, i) = (lane / 8, lane % 8);
+    let (span, chunk) = (kv_span(hdim), vt_chunk(block_n));
+    let row = 8 * (m % 2) + i;
+    let col = 16 * (m / 2) + 2 * i + m % 2;
+    let row_bits = if span == 128 { row % 8 } else { (row / 2) % 4 };
+    let col_bits = if chunk == 128 { col % 8 } else { (col / 2) % 4 };
+    TransposeLane { load_row: row * span, load_unit: (m / 2) ^ row_bits, store_row: col * chunk, store_unit: col_bits }
+}
+
+/// [`transpose_op`]'s load row of key group `kg` and slab `s` for a lane of constants `l`.
+pub const fn transpose_load(block_n: u32, hdim: u32, l: &TransposeLane, kg: u32, s: u32) -> u32 {
+    let span = kv_span(hdim);
+    let slabs_per_span = span / 32;
+    16 * kg * span + (s / slabs_per_span) * block_n * span + l.load_row + ((l.load_unit ^ (2 * (s % slabs_per_span))) << 4)
+}
+
+/// [`transpose_op`]'s store row of key group `kg` and slab `s` for a lane of constants `l`.
+pub const fn transpose_store(block_n: u32, hdim: u32, l: &TransposeLane, kg: u32, s: u32) -> u32 {
+    let chunk = vt_chunk(block_n);
+    let k0 = 16 * kg;
+    (k0 / chunk) * hdim * chunk + ((((k0 % chunk) / 16) ^ l.store_unit) << 4) + l.store_row + 32 * s * chunk
+}
+
+/// The byte selectors of the transpose's two permutes (PTX `prmt.b32 d, a, b, sel`, bytes
+/// of `a` numbered 0-3 and of `b` 4-7): the even bytes of both registers (column `2g` of
+/// keys `2t, 2t + 1` in `a`, `2t + 8, 2t + 9` in `b`), and the odd bytes.
+pub const TRANSPOSE_PERMUTES: [u32; 2] = [0x6420, 0x7531];
 
 /// Threads per CTA of the quantization kernel: one warp per row at a time.
 pub const QUANTIZE_THREADS: u32 = 256;
@@ -280,7 +435,9 @@ pub fn find_quantize(hdim: u32, input: DType) -> Option<&'static KernelEntry> {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::{vec, vec::Vec};
 
     #[test]
     fn vt_positions_permute_each_group_of_16_keys() {
@@ -302,25 +459,141 @@ mod tests {
     #[test]
     fn the_fp8_layout_fits_shared_memory_with_its_own_o_staging() {
         for k in KERNELS {
-            let l = config(k.hdim, k.block_n).smem();
+            let l = common_config(k).smem();
             assert!(l.total <= crate::fa3::MAX_SMEM, "{}: {}", k.name, l.total);
             // e4m3 Q is half of O's 16-bit tile: O cannot be staged in Q's buffer.
             assert!(!l.o_shares_q(), "{}", k.name);
             assert_eq!(l.q.stage_bytes, block_m(k.hdim) * k.hdim);
             assert_eq!(l.o.bytes, block_m(k.hdim) * k.hdim * 2);
         }
-        assert!(find(128, DType::BF16, false, 1).is_some() && find(64, DType::F16, true, 1).is_some() && find(32, DType::BF16, false, 1).is_none());
+        assert!(find(128, DType::BF16, false, 1, false).is_some() && find(64, DType::F16, true, 1, true).is_some());
+        assert!(find(32, DType::BF16, false, 1, false).is_none());
         for hdim in HEAD_DIMS {
             let cases = [(false, 1 << 20, block_n(hdim)), (true, WIDE_MIN_KEYS - 1, block_n(hdim)), (true, WIDE_MIN_KEYS, per_head_block_n(hdim))];
             for (per_head, seqlen_k, keys) in cases {
-                for out in [DType::BF16, DType::F16] {
-                    assert_eq!(find(hdim, out, per_head, seqlen_k).map(|k| k.block_n), Some(keys), "hdim {hdim}");
+                for (out, transpose_v) in [(DType::BF16, false), (DType::F16, false), (DType::BF16, true), (DType::F16, true)] {
+                    let k = find(hdim, out, per_head, seqlen_k, transpose_v).unwrap();
+                    assert_eq!((k.block_n, k.kind), (keys, KernelKind::ForwardFp8 { transpose_v }), "hdim {hdim}");
                 }
             }
         }
         for k in KERNELS {
             assert!(k.block_n == block_n(k.hdim) || k.block_n == per_head_block_n(k.hdim), "{}", k.name);
             assert_eq!(k.block_n % K_STEP, 0, "{}: P needs whole k32 steps", k.name);
+        }
+    }
+
+    fn common_config(k: &KernelEntry) -> KernelConfig {
+        crate::fa3::kernel_config(k).unwrap()
+    }
+
+    /// `ldmatrix.x4.trans` of a warp: register `m` of lane (g, t) from the four 8 x 8
+    /// matrices of 16-bit elements whose rows lanes `8m .. 8m + 8` address (PTX ISA's
+    /// fragment layout for `.trans`: element (row 2t, col g) and (2t + 1, g) of matrix m).
+    fn ldmatrix_x4_trans(smem: &[u8], rows: &[u32; 32]) -> [[u32; 4]; 32] {
+        let elem = |m: usize, row: usize, col: usize| {
+            let a = rows[8 * m + row] as usize + 2 * col;
+            u16::from_le_bytes([smem[a], smem[a + 1]]) as u32
+        };
+        core::array::from_fn(|lane| {
+            let (g, t) = (lane / 4, lane % 4);
+            core::array::from_fn(|m| elem(m, 2 * t, g) | elem(m, 2 * t + 1, g) << 16)
+        })
+    }
+
+    /// `stmatrix.x4` of a warp: lanes `8j .. 8j + 8` address the rows of matrix `j`, and
+    /// lane (g, t)'s register `j` is its row g's elements 2t, 2t + 1.
+    fn stmatrix_x4(smem: &mut [u8], rows: &[u32; 32], regs: &[[u32; 4]; 32]) {
+        for (lane, r) in regs.iter().enumerate() {
+            let (g, t) = (lane / 4, lane % 4);
+            for (j, v) in r.iter().enumerate() {
+                let a = rows[8 * j + g] as usize + 4 * t;
+                smem[a..a + 4].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+
+    fn prmt(a: u32, b: u32, sel: u32) -> u32 {
+        let bytes = [a.to_le_bytes(), b.to_le_bytes()].concat();
+        (0..4).fold(0, |acc, i| acc | (bytes[((sel >> (4 * i)) & 7) as usize] as u32) << (8 * i))
+    }
+
+    #[test]
+    fn the_in_kernel_transpose_writes_the_transposed_layout() {
+        // Every tile shape of the table: the warp operations, simulated instruction by
+        // instruction from a stored V tile, give what a transposed V's TMA load would:
+        // row d of the tile at position vt_position(key) holds V[key][d].
+        let mut shapes: Vec<(u32, u32)> = KERNELS.iter().map(|k| (k.block_n, k.hdim)).collect();
+        shapes.dedup();
+        for (block_n, hdim) in shapes {
+            let bytes = (block_n * hdim) as usize;
+            let value = |key: u32, d: u32| (key * 31 + d * 7 + key / 3) as u8;
+            let mut stored = vec![0u8; bytes];
+            let mut seen = vec![false; bytes];
+            for key in 0..block_n {
+                for d in 0..hdim {
+                    let a = kv_tile_offset(block_n, hdim, key, d) as usize;
+                    assert!(!seen[a], "stored layout: ({key}, {d}) collides");
+                    seen[a] = true;
+                    stored[a] = value(key, d);
+                }
+            }
+            let mut transposed = vec![0u8; bytes];
+            for op in 0..transpose_ops(block_n, hdim) {
+                let plan: [(u32, u32); 32] = core::array::from_fn(|lane| transpose_op(block_n, hdim, op, lane as u32));
+                for (l, s) in plan {
+                    assert!(l % 16 == 0 && s % 16 == 0 && (l as usize) < bytes && (s as usize) < bytes, "op {op}");
+                }
+                let regs = ldmatrix_x4_trans(&stored, &plan.map(|p| p.0));
+                let permuted = regs.map(|r| {
+                    let [x0, y0] = TRANSPOSE_PERMUTES.map(|sel| prmt(r[0], r[1], sel));
+                    let [x1, y1] = TRANSPOSE_PERMUTES.map(|sel| prmt(r[2], r[3], sel));
+                    [x0, y0, x1, y1]
+                });
+                stmatrix_x4(&mut transposed, &plan.map(|p| p.1), &permuted);
+            }
+            for key in 0..block_n {
+                for d in 0..hdim {
+                    let a = vt_tile_offset(block_n, hdim, vt_position(key), d) as usize;
+                    assert_eq!(transposed[a], value(key, d), "{block_n} x {hdim}: key {key}, d {d}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_transposes_lane_constants_give_the_reference_rows() {
+        for (block_n, hdim) in [(128, 128), (192, 128), (64, 256), (128, 64)] {
+            let slabs = hdim / 32;
+            assert_eq!(transpose_units(block_n, hdim) * transpose_unit_slabs(hdim), transpose_ops(block_n, hdim));
+            for lane in 0..32 {
+                let l = transpose_lane(block_n, hdim, lane);
+                for op in 0..transpose_ops(block_n, hdim) {
+                    let (kg, s) = (op / slabs, op % slabs);
+                    let got = (transpose_load(block_n, hdim, &l, kg, s), transpose_store(block_n, hdim, &l, kg, s));
+                    assert_eq!(got, transpose_op(block_n, hdim, op, lane), "{block_n} x {hdim}: op {op}, lane {lane}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_transposed_tile_offsets_match_the_consumers_descriptors() {
+        // The consumers read a transposed V tile as chunks of `vt_chunk` positions, `hdim`
+        // rows each, 32 bytes a k-step inside a chunk (`element::E4M3::v_k_step`): the
+        // unswizzled row starts (d a multiple of 8) are where the chunk's atoms begin.
+        for (block_n, hdim) in [(128, 128), (192, 128), (64, 256), (128, 64)] {
+            let chunk = vt_chunk(block_n);
+            for c in 0..block_n / chunk {
+                for d in (0..hdim).step_by(8) {
+                    assert_eq!(vt_tile_offset(block_n, hdim, c * chunk, d), c * hdim * chunk + d * chunk);
+                }
+            }
+            // K's layout: one 128 B chunk of the head dim after another (64 B at hdim 64).
+            assert_eq!(kv_tile_offset(block_n, hdim, 8, 0), 8 * kv_span(hdim));
+            if hdim == 256 {
+                assert_eq!(kv_tile_offset(block_n, hdim, 0, 128), block_n * 128);
+            }
         }
     }
 

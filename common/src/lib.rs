@@ -51,8 +51,9 @@ pub enum KernelKind {
     /// One launch of the backward pass (parameters: [`bwd::BwdParams`]).
     Backward(bwd::BwdStage),
     /// The FP8 forward pass (parameters: [`FwdParams`], with its descales); the entry's
-    /// `dtype` is O's.
-    ForwardFp8,
+    /// `dtype` is O's. `transpose_v`: V as stored (`[b, s, h, d]`), transposed by the
+    /// kernel's producer; else V transposed beforehand (`fp8::vt_position`).
+    ForwardFp8 { transpose_v: bool },
     /// The FP8 quantization kernel (parameters: [`fp8::QuantizeParams`]); the entry's
     /// `dtype` is the input's.
     Fp8Quantize,
@@ -201,7 +202,7 @@ impl KernelEntry {
     /// Bytes of the by-value parameter block the kernel takes after its TMA descriptors.
     pub const fn params_bytes(&self) -> usize {
         match self.kind {
-            KernelKind::Forward | KernelKind::ForwardFp8 => core::mem::size_of::<FwdParams>(),
+            KernelKind::Forward | KernelKind::ForwardFp8 { .. } => core::mem::size_of::<FwdParams>(),
             KernelKind::Backward(_) => core::mem::size_of::<bwd::BwdParams>(),
             KernelKind::Fp8Quantize => core::mem::size_of::<fp8::QuantizeParams>(),
             KernelKind::BlockMask => core::mem::size_of::<sparse::BuildParams>(),

@@ -24,8 +24,10 @@
 //! transposed, `[batch, heads_k, hdim, common::fp8::vt_len(seqlen_k)]` with the keys of
 //! every 16 permuted (`common::fp8::vt_position`), as [`quantize_fp8`] writes it for
 //! [`Role::V`]: FP8 tensor-core products read only K-major operands, and `P V` reduces
-//! over keys. A V in `[batch, seqlen, heads, hdim]` is accepted too and transposed first
-//! ([`transpose_v_fp8`], one extra pass). Dequantization factors: one per (batch, head) (FlashAttention-3's
+//! over keys. A V in `[batch, seqlen, heads, hdim]` is accepted too: the kernel's
+//! producer warpgroup then transposes each V tile in shared memory as it arrives (a
+//! kernel of its own; [`transpose_v_fp8`] does the same over a whole tensor, for a
+//! caller that keeps V transposed). Dequantization factors: one per (batch, head) (FlashAttention-3's
 //! `q_descale`, `k_descale`, `v_descale`, `[batch, heads_k]`), or one per block of rows
 //! of the kernel's tiles (`[batch, heads, blocks]`: 128 query rows for Q, the key block
 //! of [`common::fp8::block_n`] for K and V).
@@ -465,9 +467,8 @@ pub fn plan_fp8(
     if q.layout != Fp8Layout::Bshd || k.layout != Fp8Layout::Bshd {
         return Err(AttnError::Unsupported("q and k must be e4m3 [batch, seqlen, heads, hdim] (Fp8Layout::Bshd)".into()));
     }
-    if v.layout != Fp8Layout::VTransposed {
-        return Err(AttnError::Unsupported("the kernel's v is transposed (Fp8Layout::VTransposed: quantize_fp8 with Role::V, or transpose_v_fp8)".into()));
-    }
+    // V as stored is transposed by the kernel itself, tile by tile in shared memory.
+    let transpose_v = v.layout == Fp8Layout::Bshd;
     if bk != b || dk != d || v.shape != k.shape {
         return Err(AttnError::ShapeMismatch(format!("q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape)));
     }
@@ -505,7 +506,8 @@ pub fn plan_fp8(
     // Per-head K and V factors tie no tile to a scale block: the wider tile where there is
     // one and the keys are many enough.
     let per_head_kv = [scales[1], scales[2]].iter().all(|s| matches!(s.kind, DescaleKind::PerHead));
-    let kernel = fp8::find(d as u32, opts.out_dtype, per_head_kv, sk as u32).ok_or(AttnError::UnsupportedHeadDim { hdim: d, supported: &fp8::HEAD_DIMS })?;
+    let kernel = fp8::find(d as u32, opts.out_dtype, per_head_kv, sk as u32, transpose_v)
+        .ok_or(AttnError::UnsupportedHeadDim { hdim: d, supported: &fp8::HEAD_DIMS })?;
     let cfg = common::fa3::kernel_config(kernel).ok_or_else(|| AttnError::KernelLoad(kernel.name.into()))?;
     let packed = |shape: [usize; 4]| crate::plan::strides(&Layout::contiguous(shape));
     let mut params = FwdParams {
@@ -548,7 +550,11 @@ pub fn plan_fp8(
     let tma = [
         TensorMapSpec::bshd(Arg::Q, TmaElem::E4M3, q.addr, &Layout::contiguous(q.shape), block_m as u32, chunks)?,
         TensorMapSpec::bshd(Arg::K, TmaElem::E4M3, k.addr, &Layout::contiguous(k.shape), kernel.block_n, chunks)?,
-        TensorMapSpec::vt(Arg::V, v.addr, b, hk, d, fp8::vt_len(sk as u32) as usize, kernel.block_n)?,
+        if transpose_v {
+            TensorMapSpec::bshd(Arg::V, TmaElem::E4M3, v.addr, &Layout::contiguous(v.shape), kernel.block_n, chunks)?
+        } else {
+            TensorMapSpec::vt(Arg::V, v.addr, b, hk, d, fp8::vt_len(sk as u32) as usize, kernel.block_n)?
+        },
         TensorMapSpec::bshd(Arg::Out, opts.out_dtype, out.0, &Layout::contiguous(q.shape), 64, 1)?,
     ];
     Ok(FwdPlan {
@@ -585,8 +591,7 @@ pub fn flash_attn_fp8(
 }
 
 /// As [`flash_attn_fp8`], into `out` (packed, q's shape, `opts.out_dtype`) and the first
-/// `batch * heads_q * seqlen_q` elements of `lse`: no allocation (but for a V in
-/// `[b, s, h, d]`, transposed first by [`transpose_v_fp8`]).
+/// `batch * heads_q * seqlen_q` elements of `lse`: no allocation.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_fp8_into(
     gpu: &Gpu,
@@ -601,10 +606,6 @@ pub fn flash_attn_fp8_into(
 ) -> Result<()> {
     if !Arc::ptr_eq(stream.context(), gpu.context()) {
         return Err(AttnError::ForeignStream);
-    }
-    if v.layout == Fp8Layout::Bshd {
-        let vt = transpose_v_fp8(gpu, stream, v)?;
-        return flash_attn_fp8_into(gpu, stream, q, k, &vt, scales, out, lse, opts);
     }
     if out.dtype() != opts.out_dtype {
         return Err(AttnError::ArgDType { arg: Arg::Out, expected: opts.out_dtype, got: out.dtype() });
@@ -732,18 +733,31 @@ mod tests {
         // hdim 32 has no FP8 kernel.
         let s32 = [1, 512, 4, 32];
         assert!(matches!(plan(s32, s32, ok(), &Fp8Options::default()), Err(AttnError::UnsupportedHeadDim { hdim: 32, .. })));
-        // V not transposed.
-        let r = plan_fp8(
-            &desc(shape, Fp8Layout::Bshd),
-            &desc(shape, Fp8Layout::Bshd),
-            &desc(shape, Fp8Layout::Bshd),
-            [&ok()[0], &ok()[1], &ok()[2]],
-            (0x20000, 512 * 4 * 128),
-            (0x30000, 4 * 512),
-            &Fp8Options::default(),
-            132,
-        );
-        assert!(matches!(r, Err(AttnError::Unsupported(_))));
+        // V as stored: the kernel that transposes it, V's map as K's; a short V buffer of
+        // that layout is refused.
+        let bshd = |v: Fp8Desc| {
+            plan_fp8(
+                &desc(shape, Fp8Layout::Bshd),
+                &desc(shape, Fp8Layout::Bshd),
+                &v,
+                [&ok()[0], &ok()[1], &ok()[2]],
+                (0x20000, 512 * 4 * 128),
+                (0x30000, 4 * 512),
+                &Fp8Options::default(),
+                132,
+            )
+        };
+        let p = bshd(desc(shape, Fp8Layout::Bshd)).unwrap();
+        let transposed = plan(shape, shape, ok(), &Fp8Options::default()).unwrap();
+        assert_eq!(p.kernel.kind, common::KernelKind::ForwardFp8 { transpose_v: true });
+        assert_eq!(transposed.kernel.kind, common::KernelKind::ForwardFp8 { transpose_v: false });
+        assert_eq!(p.kernel.block_n, transposed.kernel.block_n);
+        let [_, k_map, v_map, _] = p.tma.unwrap();
+        assert_eq!((v_map.dims, v_map.box_dims, v_map.swizzle), (k_map.dims, k_map.box_dims, k_map.swizzle));
+        assert!(p.smem_bytes > transposed.smem_bytes);
+        let mut short = desc(shape, Fp8Layout::Bshd);
+        short.len -= 1;
+        assert!(matches!(bshd(short), Err(AttnError::OutOfBounds { arg: Arg::V, .. })));
         // A negative scale.
         assert!(matches!(plan(shape, shape, ok(), &Fp8Options::default().softmax_scale(-1.0)), Err(AttnError::InvalidScale(_))));
         // A short V buffer.

@@ -383,7 +383,7 @@ pub fn smem_bytes(k: &KernelEntry) -> u32 {
         KernelKind::Backward(_) => return 0,
         KernelKind::Fp8Quantize => return 4 * common::fp8::QUANTIZE_THREADS / 32,
         KernelKind::BlockMask => return 0,
-        KernelKind::Forward | KernelKind::ForwardFp8 => {}
+        KernelKind::Forward | KernelKind::ForwardFp8 { .. } => {}
     }
     match k.algo {
         Algo::Fa2 => fa2::smem_bytes(k.hdim),
@@ -398,7 +398,7 @@ pub fn block_threads(k: &KernelEntry) -> u32 {
         KernelKind::Backward(_) => return bwd::AUX_THREADS,
         KernelKind::Fp8Quantize => return common::fp8::QUANTIZE_THREADS,
         KernelKind::BlockMask => return common::sparse::BUILD_THREADS,
-        KernelKind::Forward | KernelKind::ForwardFp8 => {}
+        KernelKind::Forward | KernelKind::ForwardFp8 { .. } => {}
     }
     match k.algo {
         Algo::Fa2 => fa2::THREADS,

@@ -71,9 +71,10 @@ common::fa3_kernel_table!(fa3_entries);
 /// The FP8 forward entry points, from `common::fp8_kernel_table`: the FA3 kernel with
 /// e4m3 operands and a 16-bit O.
 macro_rules! fp8_entries {
-    ($($name:ident => $dtype:ident, hdim $d:literal, keys $keys:literal;)*) => {$(
+    ($($name:ident => $dtype:ident, hdim $d:literal, keys $keys:literal, $v:ident;)*) => {$(
         /// FlashAttention-3 FP8 forward; launched as the FA3 forward, with the descales
-        /// in `p.fp8` and V transposed (`common::fp8`).
+        /// in `p.fp8` and V transposed (`common::fp8`), by the caller or (`rows`) by the
+        /// kernel.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(_tma: TmaDescriptors, p: FwdParams) {
             #[derive(Clone, Copy)]
@@ -85,7 +86,7 @@ macro_rules! fp8_entries {
                 type Out = [softmax::Frag; $d / 8];
                 type Mask = fa3::mask::CausalMask;
                 type ScoreMod = fa3::mask::NoScoreMod;
-                const CONFIG: common::fa3::KernelConfig = common::fp8::config($d, $keys);
+                const CONFIG: common::fa3::KernelConfig = common::fp8::config($d, $keys, common::fp8_transposes_v!($v));
             }
             let tma = crate::kernel_param0_address!(stringify!($name));
             unsafe { fa3::fwd::<Traits>(tma, p) }

@@ -70,6 +70,7 @@ macro_rules! fa3_entry {
                         cluster: $cluster,
                         techniques: $crate::common::fa3::Techniques::$tech,
                         fp8: false,
+                        transpose_v: false,
                     };
                 }
                 let tma = $crate::kernel_param0_address!($symbol);

@@ -16,7 +16,9 @@ use flash_attn3::fp8::{
 use flash_attn3::reference::fp8::{Granularity, Hadamard, Quantized, attention_fp8_lowp, attention_fp8_naive, e4m3_code, quantize};
 use flash_attn3::reference::{AttnResult, HostTensor, Problem, attention_f64, max_abs_err, rng, within_budget};
 use flash_attn3::check::{LSE_SLACK, O_SLACK};
+use cudarc::driver::CudaStream;
 use flash_attn3::{Arg, DType, DeviceTensor, Gpu};
+use std::sync::Arc;
 use libtest_mimic::{Arguments, Failed};
 
 mod support;
@@ -103,12 +105,14 @@ struct Case {
     hk: usize,
     causal: bool,
     scales: Scales,
+    /// V given as stored (`[b, s, h, d]`): the kernel transposes it in shared memory.
+    v_rows: bool,
 }
 
 impl Case {
     fn name(&self) -> String {
         format!(
-            "fp8_hdim{}_{}_b{}_sq{}_sk{}_h{}x{}{}_{:?}",
+            "fp8_hdim{}_{}_b{}_sq{}_sk{}_h{}x{}{}_{:?}{}",
             self.d,
             self.out.name(),
             self.b,
@@ -117,13 +121,14 @@ impl Case {
             self.hq,
             self.hk,
             if self.causal { "_causal" } else { "" },
-            self.scales
+            self.scales,
+            if self.v_rows { "_vrows" } else { "" }
         )
     }
 }
 
 fn cases() -> Vec<Case> {
-    let base = Case { out: DType::BF16, d: 128, b: 2, sq: 1000, sk: 777, hq: 4, hk: 2, causal: false, scales: Scales::Blocks };
+    let base = Case { out: DType::BF16, d: 128, b: 2, sq: 1000, sk: 777, hq: 4, hk: 2, causal: false, scales: Scales::Blocks, v_rows: false };
     let mut v = Vec::new();
     for d in [64, 128, 256] {
         for causal in [false, true] {
@@ -145,8 +150,30 @@ fn cases() -> Vec<Case> {
         v.push(Case { d, scales: Scales::Integers, ..base });
         v.push(Case { d, causal: true, sq: 700, sk: 1100, scales: Scales::Integers, ..base });
         v.push(Case { d, causal: true, sq: 700, sk: 1100, scales: Scales::IntegersPeaked, ..base });
+        // V as stored, transposed by the kernel: both key tiles, ragged ends, each kind of
+        // factor, and the exact layout checks (one V row per output row).
+        let rows = Case { v_rows: true, ..base };
+        for causal in [false, true] {
+            v.push(Case { d, causal, ..rows });
+            v.push(Case { d, causal, sq: 700, sk: 2300, scales: Scales::IntegersPeaked, ..rows });
+        }
+        v.push(Case { d, causal: true, sq: 700, sk: 1100, scales: Scales::IntegersPeaked, ..rows });
+        v.push(Case { d, out: DType::F16, sq: 257, sk: 2500, hq: 3, hk: 1, causal: true, scales: Scales::PerHead, ..rows });
+        v.push(Case { d, scales: Scales::BlocksIncoherent, ..rows });
+        v.push(Case { d, scales: Scales::Integers, ..rows });
+        v.push(Case { d, sq: 1, sk: 17, b: 1, hq: 2, hk: 2, scales: Scales::PerHead, ..rows });
+        v.push(Case { d, sq: 4097, sk: 4097, b: 1, hq: 1, hk: 1, causal: true, ..rows });
     }
     v
+}
+
+/// V's codes of one factor per (batch, head), as the case gives V to the kernel.
+fn v_tensor(stream: &Arc<CudaStream>, c: &Case, codes: &[u8], shape: [usize; 4]) -> Result<Fp8Tensor, Failed> {
+    Ok(if c.v_rows {
+        Fp8Tensor::from_codes(stream, Arg::V, codes, shape, Fp8Layout::Bshd)?
+    } else {
+        Fp8Tensor::from_codes(stream, Arg::V, &transpose_v_codes(codes, shape)?, shape, Fp8Layout::VTransposed)?
+    })
 }
 
 fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
@@ -176,7 +203,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             let to_codes = |t: &HostTensor| t.data.iter().map(|&x| e4m3_code(x)).collect::<Vec<u8>>();
             q8 = Fp8Tensor::from_codes(&stream, Arg::Q, &to_codes(&qi), qs, Fp8Layout::Bshd)?;
             k8 = Fp8Tensor::from_codes(&stream, Arg::K, &to_codes(&ki), ks, Fp8Layout::Bshd)?;
-            v8 = Fp8Tensor::from_codes(&stream, Arg::V, &transpose_v_codes(&codes(&vq, Granularity::PerHead), ks)?, ks, Fp8Layout::VTransposed)?;
+            v8 = v_tensor(&stream, c, &codes(&vq, Granularity::PerHead), ks)?;
             let ones = vec![1.0f32; c.b * c.hk];
             sq = Descale::from_host(&stream, Arg::QDescale, &ones, DescaleKind::PerHead)?;
             sk = Descale::from_host(&stream, Arg::KDescale, &ones, DescaleKind::PerHead)?;
@@ -222,7 +249,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             let (kq, vq) = (quantize(&k, Granularity::PerHead), quantize(&v, Granularity::PerHead));
             q8 = Fp8Tensor::from_codes(&stream, Arg::Q, &q_codes, qs, Fp8Layout::Bshd)?;
             k8 = Fp8Tensor::from_codes(&stream, Arg::K, &codes(&kq, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
-            v8 = Fp8Tensor::from_codes(&stream, Arg::V, &transpose_v_codes(&codes(&vq, Granularity::PerHead), ks)?, ks, Fp8Layout::VTransposed)?;
+            v8 = v_tensor(&stream, c, &codes(&vq, Granularity::PerHead), ks)?;
             sq = Descale::from_host(&stream, Arg::QDescale, &qg.scales, DescaleKind::PerHead)?;
             sk = Descale::from_host(&stream, Arg::KDescale, &kq.scales, DescaleKind::PerHead)?;
             sv = Descale::from_host(&stream, Arg::VDescale, &vq.scales, DescaleKind::PerHead)?;
@@ -237,7 +264,8 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             let (a, b, e) = (
                 quantize_fp8(gpu, &stream, &qd.as_ref(), &opts(Role::Q))?,
                 quantize_fp8(gpu, &stream, &kd.as_ref(), &opts(Role::K))?,
-                quantize_fp8(gpu, &stream, &vd.as_ref(), &opts(Role::V))?,
+                // V as stored is quantized as K is (the same key blocks), never transformed.
+                quantize_fp8(gpu, &stream, &vd.as_ref(), &if c.v_rows { QuantizeOptions::new(Role::K) } else { opts(Role::V) })?,
             );
             let h = Hadamard::from_signs(stream.clone_dtoh(&signs)?);
             let (qi, ki) = if incoherent { (h.apply(&q), h.apply(&k)) } else { (q.clone(), k.clone()) };
@@ -269,18 +297,20 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
     Ok(())
 }
 
-/// V given as e4m3 `[b, s, h, d]` is transposed on the GPU first: the result is the
-/// transposed V's, bit for bit, and the transposed codes are the host's.
-fn v_in_bshd_gives_the_transposed_v_result(gpu: &Gpu) -> Result<(), Failed> {
+/// V given as e4m3 `[b, s, h, d]` (transposed by the kernel in shared memory, or by
+/// `transpose_v_fp8` over the whole tensor) gives the transposed V's result bit for bit,
+/// and the GPU's transposed codes are the host's. `sk` from 2048 with per-head factors
+/// takes the wide key tile at hdim 128.
+fn v_in_bshd_gives_the_transposed_v_result(gpu: &Gpu, d: usize, sk: usize, causal: bool) -> Result<(), Failed> {
     let stream = gpu.new_stream()?;
-    let (qs, ks) = ([2, 333, 4, 128], [2, 300, 2, 128]);
+    let (qs, ks) = ([2, 333, 4, d], [2, sk, 2, d]);
     let mut r = rng(5);
     let mut t = |shape| flash_attn3::reference::fp8::outlier_tensor(shape, 0.001, 10.0, &mut r);
     let (q, k, v) = (t(qs), t(ks), t(ks));
     let (kz, vz) = (quantize(&k, Granularity::PerHead), quantize(&v, Granularity::PerHead));
     let v_codes = codes(&vz, Granularity::PerHead);
-    // Q's codes are its values rounded (factor 1): the comparison is between two layouts
-    // of V, not against a reference.
+    // Q's codes are its values rounded (factor 1): the comparison is between layouts of
+    // V, not against a reference.
     let q8 = Fp8Tensor::from_codes(&stream, Arg::Q, &q.data.iter().map(|&x| e4m3_code(x)).collect::<Vec<_>>(), qs, Fp8Layout::Bshd)?;
     let k8 = Fp8Tensor::from_codes(&stream, Arg::K, &codes(&kz, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
     let v_bshd = Fp8Tensor::from_codes(&stream, Arg::V, &v_codes, ks, Fp8Layout::Bshd)?;
@@ -294,12 +324,15 @@ fn v_in_bshd_gives_the_transposed_v_result(gpu: &Gpu) -> Result<(), Failed> {
     let sk = Descale::from_host(&stream, Arg::KDescale, &kz.scales, DescaleKind::PerHead)?;
     let sv = Descale::from_host(&stream, Arg::VDescale, &vz.scales, DescaleKind::PerHead)?;
     let scales = Fp8Descales { q: &sq, k: &sk, v: &sv };
-    let opts = Fp8Options::default().causal(true);
-    let a = flash_attn_fp8(gpu, &stream, &q8, &k8, &v_bshd, &scales, &opts)?;
-    let b = flash_attn_fp8(gpu, &stream, &q8, &k8, &v_t, &scales, &opts)?;
+    let opts = Fp8Options::default().causal(causal);
     let bits = |x: Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    if bits(a.out.to_f32(&stream)?) != bits(b.out.to_f32(&stream)?) || bits(stream.clone_dtoh(&a.lse)?) != bits(stream.clone_dtoh(&b.lse)?) {
-        return Err("V in [b, s, h, d] and transposed give different results".into());
+    let b = flash_attn_fp8(gpu, &stream, &q8, &k8, &v_t, &scales, &opts)?;
+    let (b_out, b_lse) = (bits(b.out.to_f32(&stream)?), bits(stream.clone_dtoh(&b.lse)?));
+    for (how, v) in [("in the kernel", &v_bshd), ("by transpose_v_fp8", &gpu_t)] {
+        let a = flash_attn_fp8(gpu, &stream, &q8, &k8, v, &scales, &opts)?;
+        if bits(a.out.to_f32(&stream)?) != b_out || bits(stream.clone_dtoh(&a.lse)?) != b_lse {
+            return Err(format!("V in [b, s, h, d] transposed {how} and V given transposed give different results").into());
+        }
     }
     Ok(())
 }
@@ -325,6 +358,11 @@ fn main() {
     for c in cases() {
         trials.push(support::gpu_trial(c.name(), &gpu, move |g| run_case(g, &c)));
     }
-    trials.push(support::gpu_trial("v_in_bshd_gives_the_transposed_v_result", &gpu, v_in_bshd_gives_the_transposed_v_result));
+    for d in [64, 128, 256] {
+        for (sk, causal) in [(300, true), (300, false), (2100, false), (4500, true)] {
+            let name = format!("v_in_bshd_gives_the_transposed_v_result_hdim{d}_sk{sk}{}", if causal { "_causal" } else { "" });
+            trials.push(support::gpu_trial(name, &gpu, move |g| v_in_bshd_gives_the_transposed_v_result(g, d, sk, causal)));
+        }
+    }
     libtest_mimic::run(&args, trials).exit();
 }

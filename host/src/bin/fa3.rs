@@ -784,9 +784,13 @@ fn cmd_bench(a: BenchArgs) -> CliResult<()> {
 /// `bench --dtype e4m3`: the FP8 forward on e4m3 Q, K, V (quantized once per shape from
 /// N(0, 1) bf16 data, not timed), O in bf16, over the FA3 grid (16k tokens, hidden 2048),
 /// in the forward's CSV format: series `rust-fa3-fp8` with the block factors, and
-/// `rust-fa3-fp8-headscale` with one factor per (batch, head) (FlashAttention-3's).
+/// `rust-fa3-fp8-headscale` with one factor per (batch, head) (FlashAttention-3's);
+/// `--fp8-v` adds V as stored (`-vrows`: the kernel transposes it; `-vpass`: a transpose
+/// pass before each call, timed with it).
 fn cmd_bench_fp8(a: &BenchArgs) -> CliResult<()> {
-    use flash_attn3::fp8::{Descale, DescaleKind, Fp8Descales, Fp8Options, QuantizeOptions, Role, flash_attn_fp8_into, quantize_fp8};
+    use flash_attn3::fp8::{
+        Descale, DescaleKind, Fp8Descales, Fp8Options, QuantizeOptions, Role, flash_attn_fp8_into, quantize_fp8, transpose_v_fp8,
+    };
     let gpu = Gpu::new(a.device)?;
     let stream = gpu.new_stream()?;
     let info = gpu.info();
@@ -810,22 +814,35 @@ fn cmd_bench_fp8(a: &BenchArgs) -> CliResult<()> {
             let (batch, heads) = (TOKENS / seqlen, HIDDEN / hdim);
             let shape = [batch, seqlen, heads, hdim];
             let quant = |i: usize, role| quantize_fp8(&gpu, &stream, &tensors[i].view(shape), &QuantizeOptions::new(role));
-            let (q, k, v) = (quant(0, Role::Q)?, quant(1, Role::K)?, quant(2, Role::V)?);
-            // Block factors (the quantization kernel's), and one factor per (batch, head)
-            // as FlashAttention-3's descales (the speed does not depend on their values).
+            let (q, k) = (quant(0, Role::Q)?, quant(1, Role::K)?);
             let ones = Descale::from_host(&stream, flash_attn3::Arg::QDescale, &vec![1.0; batch * heads], DescaleKind::PerHead)?;
-            let block = Fp8Descales { q: &q.scales, k: &k.scales, v: &v.scales };
-            let per_head = Fp8Descales { q: &ones, k: &ones, v: &ones };
-            for (series, scales) in [("rust-fa3-fp8", block), ("rust-fa3-fp8-headscale", per_head)] {
-                for &causal in a.causal.modes() {
-                    let opts = Fp8Options::default().causal(causal);
-                    std::thread::sleep(std::time::Duration::from_millis(a.cooldown_ms));
-                    let timing = TimingPlan { warmup: a.warmup, warmup_ms: a.warmup_ms, iters: a.iters.max(1), timing_ms: a.timing_ms };
-                    let mut o = out.view_mut(shape);
-                    let t = time_calls(&gpu, &stream, timing, || flash_attn_fp8_into(&gpu, &stream, &q.tensor, &k.tensor, &v.tensor, &scales, &mut o, &mut lse, &opts))?;
-                    let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
-                    println!("{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1} {:>8.1} {series}", causal as u8, t.median_ms, t.host_us);
-                    rows.push(format!("{series},e4m3,{hdim},{seqlen},{batch},{heads},{},{:.4},{tflops:.1}", causal as u8, t.median_ms));
+            for &layout in a.fp8_v.layouts() {
+                // V quantized transposed, or as stored (K's layout and key blocks).
+                let v = quant(2, if layout == cli::Fp8VArg::Transposed { Role::V } else { Role::K })?;
+                // Block factors (the quantization kernel's), and one factor per (batch,
+                // head) as FlashAttention-3's descales (the speed does not depend on their
+                // values).
+                let block = Fp8Descales { q: &q.scales, k: &k.scales, v: &v.scales };
+                let per_head = Fp8Descales { q: &ones, k: &ones, v: &ones };
+                for (name, scales) in [("rust-fa3-fp8", block), ("rust-fa3-fp8-headscale", per_head)] {
+                    let series = format!("{name}{}", layout.suffix());
+                    for &causal in a.causal.modes() {
+                        let opts = Fp8Options::default().causal(causal);
+                        std::thread::sleep(std::time::Duration::from_millis(a.cooldown_ms));
+                        let timing = TimingPlan { warmup: a.warmup, warmup_ms: a.warmup_ms, iters: a.iters.max(1), timing_ms: a.timing_ms };
+                        let mut o = out.view_mut(shape);
+                        let t = time_calls(&gpu, &stream, timing, || {
+                            if layout == cli::Fp8VArg::Pass {
+                                let vt = transpose_v_fp8(&gpu, &stream, &v.tensor)?;
+                                flash_attn_fp8_into(&gpu, &stream, &q.tensor, &k.tensor, &vt, &scales, &mut o, &mut lse, &opts)
+                            } else {
+                                flash_attn_fp8_into(&gpu, &stream, &q.tensor, &k.tensor, &v.tensor, &scales, &mut o, &mut lse, &opts)
+                            }
+                        })?;
+                        let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
+                        println!("{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1} {:>8.1} {series}", causal as u8, t.median_ms, t.host_us);
+                        rows.push(format!("{series},e4m3,{hdim},{seqlen},{batch},{heads},{},{:.4},{tflops:.1}", causal as u8, t.median_ms));
+                    }
                 }
             }
         }

@@ -21,10 +21,14 @@ pub enum NamedBarrier {
     DsFree = 1 + 2 * MAX_CONSUMER_WGS,
     /// Backward: both warpgroups wrote their rows of this step's `dSᵀ` (256 threads).
     DsReady = 1 + 3 * MAX_CONSUMER_WGS,
+    /// FP8 forward with the in-kernel V transpose: the producer warpgroup's transposing
+    /// warps all wrote (and fenced) their part of a V tile (`super::transpose`; id 0 only).
+    Transpose = 1 + 4 * MAX_CONSUMER_WGS,
 }
 
 /// Every role, for the check below.
-const ROLES: [NamedBarrier; 4] = [NamedBarrier::Epilogue, NamedBarrier::PingPong, NamedBarrier::DsFree, NamedBarrier::DsReady];
+const ROLES: [NamedBarrier; 5] =
+    [NamedBarrier::Epilogue, NamedBarrier::PingPong, NamedBarrier::DsFree, NamedBarrier::DsReady, NamedBarrier::Transpose];
 
 // The id ranges are disjoint and inside 1..16.
 const _: () = {
@@ -49,6 +53,7 @@ impl NamedBarrier {
         match self {
             NamedBarrier::Epilogue => WARPGROUP_THREADS,
             NamedBarrier::PingPong | NamedBarrier::DsFree | NamedBarrier::DsReady => 2 * WARPGROUP_THREADS,
+            NamedBarrier::Transpose => super::transpose::TRANSPOSER_THREADS,
         }
     }
 

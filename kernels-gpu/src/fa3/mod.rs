@@ -18,6 +18,8 @@
 //! - [`barriers`]: the named-barrier ids;
 //! - [`descale`]: the FP8 kernels' dequantization factors (e4m3 Q, K, V through the
 //!   same roles: `crate::element::Operand` says what changes in the GEMMs);
+//! - [`transpose`]: the FP8 kernels' V transpose in shared memory, by the producer
+//!   warpgroup's other warps, for V as stored;
 //! - [`variant`]: user-defined variants (`common::variant`) in the score-modification
 //!   hooks of the forward and the backward.
 //!
@@ -33,6 +35,7 @@ pub mod producer;
 pub mod scheduler;
 pub mod storage;
 pub mod traits;
+pub mod transpose;
 pub mod variant;
 
 use crate::ptx::compiler::{opaque_u32, opaque_u64};
@@ -60,12 +63,19 @@ pub unsafe fn fwd<K: KernelTraits>(tma: u64, p: FwdParams) {
     let (peer, multicast_rank) = if K::CLUSTER == 2 { (Some(rank ^ 1), Some(rank)) } else { (None, None) };
     let storage = SharedStorage::new::<K>(peer);
     let handoff = TileHandoff { ring: storage.tile_handoff };
+    const { assert!(!K::TRANSPOSE_V || (K::WARP_SPECIALIZED && K::CLUSTER == 1 && !<K::Mask as mask::Mask>::SPARSE)) };
     let consumer_threads = WARPGROUP_THREADS * K::CONSUMER_WGS;
+    // The transposing warps read the tile handoff too.
+    let transposers = if K::TRANSPOSE_V { transpose::TRANSPOSER_THREADS } else { 0 };
     if tid == 0 {
         storage.q.init(consumer_threads);
         storage.k.init(consumer_threads);
         storage.v.init(consumer_threads);
-        handoff.init(consumer_threads);
+        if K::TRANSPOSE_V {
+            // Released once per tile by the transposers.
+            storage.v_raw.init(1);
+        }
+        handoff.init(consumer_threads + transposers);
         mbarrier::fence_init();
     }
     if K::CLUSTER > 1 {
@@ -101,6 +111,9 @@ pub unsafe fn fwd<K: KernelTraits>(tma: u64, p: FwdParams) {
                     loader.load_tile(&p, &tile);
                     claims.advance();
                 }
+            } else if K::TRANSPOSE_V && tid >= 32 {
+                let mut tiles = HandoffTiles::<K>::new(handoff);
+                transpose::Transposer::<K>::new(storage.v_raw, storage.v, tid / 32).run(&p, &mut tiles);
             }
         } else {
             regs::alloc::<ConsumerRegs<K>>();

@@ -22,6 +22,8 @@ pub struct Loader<K: KernelTraits> {
     /// One slot: Q of the current tile.
     pub q: TmaPipeline<1>,
     pub k: TmaPipeline<KV_STAGES>,
+    /// The ring V's loads fill: the consumers' V ring, or the raw V ring of the kernels
+    /// that transpose V in shared memory (`super::transpose`).
     pub v: TmaPipeline<KV_STAGES>,
     pub q_state: PipelineState<1>,
     pub k_state: PipelineState<KV_STAGES>,
@@ -45,7 +47,7 @@ impl<K: KernelTraits> Loader<K> {
             maps,
             q: storage.q,
             k: storage.k,
-            v: storage.v,
+            v: if K::TRANSPOSE_V { storage.v_raw } else { storage.v },
             q_state: PipelineState::new(),
             k_state: PipelineState::new(),
             v_state: PipelineState::new(),
@@ -106,7 +108,9 @@ impl<K: KernelTraits> Loader<K> {
 
     #[inline(always)]
     fn load_v_block(&mut self, tile: &Tile, block: u32) {
-        self.v_state = self.load_kv(self.map(TensorMapSlot::V), &self.v, self.v_state, tile, block, K::Element::V_TRANSPOSED);
+        // A V the kernel transposes is loaded as stored, as K is.
+        let transposed = K::Element::V_TRANSPOSED && !K::TRANSPOSE_V;
+        self.v_state = self.load_kv(self.map(TensorMapSlot::V), &self.v, self.v_state, tile, block, transposed);
     }
 
     /// Loads K or V (`map`, `ring`) of key block `block` into slot `st`; returns the next

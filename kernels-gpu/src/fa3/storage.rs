@@ -16,6 +16,9 @@ pub struct SharedStorage {
     /// The K and V rings.
     pub k: TmaPipeline<KV_STAGES>,
     pub v: TmaPipeline<KV_STAGES>,
+    /// The raw V ring of the kernels that transpose V (`super::transpose`); unused
+    /// elsewhere (no stage in the layout).
+    pub v_raw: TmaPipeline<KV_STAGES>,
     /// O's staging tile for the TMA store (Q's buffer when `o_shares_q`).
     pub o: SmemAddr,
     pub o_shares_q: bool,
@@ -35,6 +38,7 @@ impl SharedStorage {
             q: TmaPipeline::at(base, layout.q, None),
             k: TmaPipeline::at(base, layout.k, peer),
             v: TmaPipeline::at(base, layout.v, peer),
+            v_raw: TmaPipeline::at(base, layout.v_raw, None),
             o: base.add(layout.o.offset),
             o_shares_q: layout.o_shares_q(),
             tile_handoff: TmaPipeline::at(base, layout.tile_handoff, None),

@@ -71,6 +71,9 @@ pub trait KernelTraits: Copy + 'static {
     const CHUNKS: u32 = Self::HDIM / 64;
     /// e4m3 operands (`common::fp8`): descales, P offset into e4m3's range, V transposed.
     const FP8: bool = Self::CONFIG.fp8;
+    /// FP8 with V as stored: the producer warpgroup transposes each V tile
+    /// (`super::transpose`).
+    const TRANSPOSE_V: bool = Self::CONFIG.transpose_v;
     /// Bytes of a Q or K row's swizzle span: 128, or 64 for 64-byte rows (e4m3 at
     /// hdim 64), laid out by TMA's `SWIZZLE_64B`.
     const QK_SPAN: u32 = if Self::HDIM * <Self::Element as Operand>::BYTES >= 128 { 128 } else { 64 };

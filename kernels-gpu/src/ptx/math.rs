@@ -137,6 +137,16 @@ pub fn pack_e4m3x4(v: [f32; 4]) -> u32 {
     r
 }
 
+/// `prmt.b32` (byte permute, default mode): byte `i` of the result is byte
+/// `(SEL >> 4i) & 7` of the eight bytes of `a` (0-3, low first) and `b` (4-7).
+#[inline(always)]
+pub fn byte_perm<const SEL: u32>(a: u32, b: u32) -> u32 {
+    let r: u32;
+    // SAFETY: pure arithmetic.
+    unsafe { asm!("prmt.b32 {0}, {1}, {2}, {sel};", out(reg32) r, in(reg32) a, in(reg32) b, sel = const SEL, options(pure, nomem, nostack)) };
+    r
+}
+
 /// Square root, correctly rounded.
 #[inline(always)]
 pub fn sqrt(x: f32) -> f32 {

@@ -148,6 +148,9 @@ pub struct BenchArgs {
     /// Backward: the deterministic mode (dQ summed in a fixed order per query block)
     #[arg(long)]
     pub deterministic: bool,
+    /// `--dtype e4m3`: how V reaches the kernel
+    #[arg(long, value_enum, value_name = "LAYOUT", default_value_t = Fp8VArg::Transposed)]
+    pub fp8_v: Fp8VArg,
     #[command(flatten)]
     pub variants: VariantArgs,
     /// Write the results as CSV (impl,dtype,hdim,seqlen,batch,heads,causal,ms,tflops)
@@ -338,6 +341,41 @@ impl PassArg {
             PassArg::Fwd => ("", 1.0),
             PassArg::Bwd => ("-bwd", 2.5),
             PassArg::Fwdbwd => ("-fwdbwd", 3.5),
+        }
+    }
+}
+
+/// The V layouts `bench --dtype e4m3` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Fp8VArg {
+    /// V quantized transposed (`quantize_fp8` with `Role::V`): series `rust-fa3-fp8*`
+    Transposed,
+    /// V as stored (`[b, s, h, d]`), transposed by the kernel: series `*-vrows`
+    Rows,
+    /// V as stored, transposed by `transpose_v_fp8` before each call (the pass timed with
+    /// it): series `*-vpass`
+    Pass,
+    /// All three
+    All,
+}
+
+impl Fp8VArg {
+    /// The layouts to time, in order.
+    pub fn layouts(self) -> &'static [Fp8VArg] {
+        match self {
+            Fp8VArg::All => &[Fp8VArg::Transposed, Fp8VArg::Rows, Fp8VArg::Pass],
+            Fp8VArg::Transposed => &[Fp8VArg::Transposed],
+            Fp8VArg::Rows => &[Fp8VArg::Rows],
+            Fp8VArg::Pass => &[Fp8VArg::Pass],
+        }
+    }
+
+    /// The suffix of the series' names.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Fp8VArg::Rows => "-vrows",
+            Fp8VArg::Pass => "-vpass",
+            _ => "",
         }
     }
 }
