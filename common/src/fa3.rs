@@ -296,8 +296,10 @@ pub const fn key_block_of(hdim: u32, seqlen_k: u32, score_mod: crate::ScoreModKi
     if three_wgs_short_keys(hdim, score_mod, mask) {
         return 64;
     }
-    match mask {
-        crate::MaskKind::Local | crate::MaskKind::Document if hdim == 256 => 64,
+    match (mask, score_mod) {
+        (crate::MaskKind::Local | crate::MaskKind::Document, _) if hdim == 256 => 64,
+        // Documents with ALiBi spilled 32-72 bytes on 128-key blocks at hdim 128.
+        (crate::MaskKind::Document, crate::ScoreModKind::Alibi | crate::ScoreModKind::SoftcapAlibi) if hdim == 128 => 64,
         _ => key_block(hdim, seqlen_k),
     }
 }
@@ -462,8 +464,9 @@ pub const fn multicast_pays(hdim: u32, seqlen_q: u32, seqlen_k: u32) -> bool {
 /// hdim 128 without pingpong in both dtypes, and the other ablation kernels at hdim 128
 /// fp16; each score modification (`ScoreModKind`) and the sliding window
 /// (`MaskKind::Local`, at hdim 256 with 64-key blocks only, [`key_block_of`]) with every
-/// technique; documents (`MaskKind::Document`, with a window or not) plain and
-/// soft-capped (with ALiBi their consumers spilled at hdim 128).
+/// technique; documents (`MaskKind::Document`, with a window or not) with every score
+/// modification, with ALiBi on 64-key blocks at hdim 128 and not at hdim 256 (their
+/// consumers spilled on 128 keys at hdim 128, and at hdim 256 under ptxas 13.5).
 #[macro_export]
 macro_rules! fa3_kernel_table {
     ($callback:ident) => {
@@ -542,6 +545,14 @@ macro_rules! fa3_kernel_table {
             fa3_fwd_hdim64_bf16_softcap_document => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Softcap, Document;
             fa3_fwd_hdim128_bf16_softcap_document => BF16, hdim 128, wgs 2, keys 128, cluster 1, FULL, Softcap, Document;
             fa3_fwd_hdim256_bf16_n64_softcap_document => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Softcap, Document;
+            fa3_fwd_hdim64_f16_alibi_document => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi, Document;
+            fa3_fwd_hdim128_f16_n64_alibi_document => F16, hdim 128, wgs 2, keys 64, cluster 1, FULL, Alibi, Document;
+            fa3_fwd_hdim64_f16_softcap_alibi_document => F16, hdim 64, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Document;
+            fa3_fwd_hdim128_f16_n64_softcap_alibi_document => F16, hdim 128, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Document;
+            fa3_fwd_hdim64_bf16_alibi_document => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, Alibi, Document;
+            fa3_fwd_hdim128_bf16_n64_alibi_document => BF16, hdim 128, wgs 2, keys 64, cluster 1, FULL, Alibi, Document;
+            fa3_fwd_hdim64_bf16_softcap_alibi_document => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Document;
+            fa3_fwd_hdim128_bf16_n64_softcap_alibi_document => BF16, hdim 128, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Document;
         }
     };
 }
@@ -747,10 +758,10 @@ mod tests {
     fn the_table_has_the_planned_kernel_of_every_head_dim_and_key_count() {
         for hdim in crate::HEAD_DIMS {
             for seqlen_k in [1, 64, 4096, 4097, 16384] {
-                for score_mod in [crate::ScoreModKind::None, crate::ScoreModKind::Softcap, crate::ScoreModKind::Alibi] {
+                for score_mod in [crate::ScoreModKind::None, crate::ScoreModKind::Softcap, crate::ScoreModKind::Alibi, crate::ScoreModKind::SoftcapAlibi] {
                     for dtype in [crate::DType::F16, crate::DType::BF16] {
                         for mask in [crate::MaskKind::Causal, crate::MaskKind::Local, crate::MaskKind::Document] {
-                            if mask == crate::MaskKind::Document && score_mod == crate::ScoreModKind::Alibi {
+                            if mask == crate::MaskKind::Document && matches!(score_mod, crate::ScoreModKind::Alibi | crate::ScoreModKind::SoftcapAlibi) && hdim == 256 {
                                 continue;
                             }
                             let (wgs, keys) = (consumer_wgs_of(hdim, score_mod, mask), key_block_of(hdim, seqlen_k, score_mod, mask));

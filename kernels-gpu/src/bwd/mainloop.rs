@@ -145,8 +145,11 @@ impl<K: BwdTraits> Consumer<'_, K> {
 
     /// dV's product is waited for before `dSᵀ` is made, so that `Pᵀ`'s packed registers
     /// are free by then: with 128-query steps (hdim 64), where the score tiles take 64
-    /// registers each, they spilled 24-112 bytes live beside `Pᵀ`, `dPᵀ` and `dSᵀ`.
-    const DV_BEFORE_DS: bool = K::BLOCK_M == 128;
+    /// registers each, they spilled 24-112 bytes live beside `Pᵀ`, `dPᵀ` and `dSᵀ`; at
+    /// hdim 128 the document kernels with soft-capping or ALiBi spilled 8 bytes (the
+    /// loaded bounds beside the score modification's registers).
+    const DV_BEFORE_DS: bool =
+        K::BLOCK_M == 128 || (K::HDIM == 128 && <K::Docs as DocSource>::DOCS && (K::SOFTCAP || K::ALIBI));
 
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
