@@ -107,6 +107,76 @@ pub struct Built {
     pub ptx_path: PathBuf,
     pub ptx: String,
     pub elapsed: Duration,
+    /// Taken from the PTX cache ([`cache_dir`]) rather than built.
+    pub cached: bool,
+}
+
+/// Where the library's own PTX ([`Exports::Builtin`]) is kept after a build, under a key
+/// of everything that goes into it ([`builtin_key`]): one clone builds its kernels once
+/// whichever profile, target directory or workspace asks for them (the host crate's build
+/// script in debug, release and `cargo doc`, the candle crate's own workspace, `cargo
+/// xtask`), instead of once per output directory (2-3 minutes each on two cores).
+pub fn cache_dir() -> PathBuf {
+    repo_root().join("target").join("ptx-cache")
+}
+
+/// Cache entries kept: the current key's and the one before.
+const CACHE_ENTRIES: usize = 2;
+
+/// The cache key of the built-in module: every file of the kernel crate, `common` and
+/// this builder (its passes and flags), the pinned toolchain and the lock file, by
+/// relative path and contents. std's hasher: its algorithm may change between Rust
+/// releases, which only turns a key into a miss (the toolchain is part of the key).
+pub fn builtin_key() -> Result<String, Error> {
+    use std::hash::{Hash, Hasher};
+    let root = repo_root();
+    let mut files = Vec::new();
+    for dir in ["kernels-gpu/src", "common/src", "ptx-builder/src"] {
+        collect_files(&root.join(dir), &mut files)?;
+    }
+    for f in ["kernels-gpu/Cargo.toml", "common/Cargo.toml", "ptx-builder/Cargo.toml", "rust-toolchain.toml", "Cargo.lock"] {
+        files.push(root.join(f));
+    }
+    files.sort();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in &files {
+        f.strip_prefix(&root).unwrap_or(f).hash(&mut h);
+        std::fs::read(f)?.hash(&mut h);
+    }
+    Ok(format!("{:016x}", h.finish()))
+}
+
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Error> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_files(&path, out)?;
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Stores `ptx` under `key` (written aside, then renamed: a concurrent build reads a
+/// whole entry or none) and drops all but the newest [`CACHE_ENTRIES`] entries.
+fn cache_store(key: &str, ptx: &str) -> Result<(), Error> {
+    let dir = cache_dir();
+    std::fs::create_dir_all(&dir)?;
+    let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, ptx)?;
+    std::fs::rename(&tmp, dir.join(format!("{key}.ptx")))?;
+    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension() == Some(OsStr::new("ptx")))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .collect();
+    entries.sort();
+    for (_, old) in entries.iter().rev().skip(CACHE_ENTRIES) {
+        let _ = std::fs::remove_file(old);
+    }
+    Ok(())
 }
 
 /// The repository root, from this crate's location.
@@ -207,9 +277,31 @@ fn nested_cargo() -> Command {
     cmd
 }
 
-/// Builds the kernel crate and writes one PTX module.
+/// Builds the kernel crate and writes one PTX module; the built-in module comes from the
+/// cache ([`cache_dir`]) when its inputs have not changed since it was built.
 pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
     let start = Instant::now();
+    let key = match cfg.exports {
+        Exports::Builtin if cfg.kernel_dir == repo_root().join("kernels-gpu") => Some(builtin_key()?),
+        _ => None,
+    };
+    if let Some(key) = &key {
+        if let Ok(ptx) = std::fs::read_to_string(cache_dir().join(format!("{key}.ptx"))) {
+            if let Some(dir) = cfg.out_ptx.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&cfg.out_ptx, &ptx)?;
+            return Ok(Built { ptx_path: cfg.out_ptx.clone(), ptx, elapsed: start.elapsed(), cached: true });
+        }
+    }
+    let built = build_uncached(cfg, start)?;
+    if let Some(key) = &key {
+        cache_store(key, &built.ptx)?;
+    }
+    Ok(built)
+}
+
+fn build_uncached(cfg: &BuildConfig, start: Instant) -> Result<Built, Error> {
     let tools = llvm_tools_dir()?;
     let out = run(nested_cargo()
         .current_dir(&cfg.kernel_dir)
@@ -270,7 +362,7 @@ pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&cfg.out_ptx, &ptx)?;
-    Ok(Built { ptx_path: cfg.out_ptx.clone(), ptx, elapsed: start.elapsed() })
+    Ok(Built { ptx_path: cfg.out_ptx.clone(), ptx, elapsed: start.elapsed(), cached: false })
 }
 
 /// The `.rlib` files cargo reported for the kernel crate and its dependencies.

@@ -43,11 +43,12 @@ fn build(out: PathBuf) -> Result<PathBuf, ExitCode> {
     match ptx_builder::build(&cfg) {
         Ok(b) => {
             println!(
-                "PTX written to {} ({} KiB, {} kernels) in {:.1} s",
+                "PTX written to {} ({} KiB, {} kernels) in {:.1} s{}",
                 b.ptx_path.display(),
                 b.ptx.len() / 1024,
                 common::KERNELS.len(),
-                b.elapsed.as_secs_f64()
+                b.elapsed.as_secs_f64(),
+                if b.cached { " (unchanged sources: from target/ptx-cache)" } else { "" }
             );
             Ok(b.ptx_path)
         }
