@@ -111,23 +111,35 @@ pub struct Built {
     pub cached: bool,
 }
 
-/// Where the library's own PTX ([`Exports::Builtin`]) is kept after a build, under a key
-/// of everything that goes into it ([`builtin_key`]): one clone builds its kernels once
-/// whichever profile, target directory or workspace asks for them (the host crate's build
-/// script in debug, release and `cargo doc`, the candle crate's own workspace, `cargo
-/// xtask`), instead of once per output directory (2-3 minutes each on two cores).
-pub fn cache_dir() -> PathBuf {
-    repo_root().join("target").join("ptx-cache")
+/// Where built modules are kept, under a key of everything that goes into them
+/// ([`cache_key`]): one checkout builds its kernels once whichever profile, target
+/// directory or workspace asks for them (the host crate's build script in debug, release
+/// and `cargo doc`, the candle crate's own workspace, `cargo xtask`, the variants
+/// example), instead of once per output directory (2-3 minutes each on two cores).
+/// `FA3_PTX_CACHE` names the directory (empty: no cache); by default
+/// `target/ptx-cache` of this repository when it is a git checkout, and no cache when
+/// it is not (a registry copy is not ours to write into).
+pub fn cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("FA3_PTX_CACHE") {
+        Some(dir) if dir.is_empty() => None,
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => {
+            let root = repo_root();
+            root.join(".git").exists().then(|| root.join("target").join("ptx-cache"))
+        }
+    }
 }
 
-/// Cache entries kept: the current key's and the one before.
-const CACHE_ENTRIES: usize = 2;
+/// Cache entries kept: the newest few (the built-in module and a variant module, each
+/// with its previous key).
+const CACHE_ENTRIES: usize = 4;
 
-/// The cache key of the built-in module: every file of the kernel crate, `common` and
-/// this builder (its passes and flags), the pinned toolchain and the lock file, by
-/// relative path and contents. std's hasher: its algorithm may change between Rust
-/// releases, which only turns a key into a miss (the toolchain is part of the key).
-pub fn builtin_key() -> Result<String, Error> {
+/// The cache key of `cfg`'s module: every file of the kernel crate, `common`, this
+/// builder (its passes and flags) and, for a variant module, the variant crate, the
+/// pinned toolchain and the lock file (by relative path and contents), and the exported
+/// names. std's hasher: its algorithm may change between Rust releases, which only turns
+/// a key into a miss (the toolchain is part of the key).
+pub fn cache_key(cfg: &BuildConfig) -> Result<String, Error> {
     use std::hash::{Hash, Hasher};
     let root = repo_root();
     let mut files = Vec::new();
@@ -137,11 +149,19 @@ pub fn builtin_key() -> Result<String, Error> {
     for f in ["kernels-gpu/Cargo.toml", "common/Cargo.toml", "ptx-builder/Cargo.toml", "rust-toolchain.toml", "Cargo.lock"] {
         files.push(root.join(f));
     }
+    if cfg.kernel_dir != root.join("kernels-gpu") {
+        collect_files(&cfg.kernel_dir.join("src"), &mut files)?;
+        files.push(cfg.kernel_dir.join("Cargo.toml"));
+    }
     files.sort();
+    files.dedup();
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for f in &files {
         f.strip_prefix(&root).unwrap_or(f).hash(&mut h);
         std::fs::read(f)?.hash(&mut h);
+    }
+    for (name, _) in cfg.exports.kernels() {
+        name.hash(&mut h);
     }
     Ok(format!("{:016x}", h.finish()))
 }
@@ -158,15 +178,14 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Error> {
     Ok(())
 }
 
-/// Stores `ptx` under `key` (written aside, then renamed: a concurrent build reads a
-/// whole entry or none) and drops all but the newest [`CACHE_ENTRIES`] entries.
-fn cache_store(key: &str, ptx: &str) -> Result<(), Error> {
-    let dir = cache_dir();
-    std::fs::create_dir_all(&dir)?;
+/// Stores `ptx` under `key` in `dir` (written aside, then renamed: a concurrent build
+/// reads a whole entry or none) and drops all but the newest [`CACHE_ENTRIES`] entries.
+fn cache_store(dir: &Path, key: &str, ptx: &str) -> Result<(), Error> {
+    std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
     std::fs::write(&tmp, ptx)?;
     std::fs::rename(&tmp, dir.join(format!("{key}.ptx")))?;
-    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&dir)?
+    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| p.extension() == Some(OsStr::new("ptx")))
@@ -277,16 +296,16 @@ fn nested_cargo() -> Command {
     cmd
 }
 
-/// Builds the kernel crate and writes one PTX module; the built-in module comes from the
-/// cache ([`cache_dir`]) when its inputs have not changed since it was built.
+/// Builds the kernel crate and writes one PTX module; it comes from the cache
+/// ([`cache_dir`]) when its inputs have not changed since it was built.
 pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
     let start = Instant::now();
-    let key = match cfg.exports {
-        Exports::Builtin if cfg.kernel_dir == repo_root().join("kernels-gpu") => Some(builtin_key()?),
-        _ => None,
+    let cache = match cache_dir() {
+        Some(dir) => Some((cache_key(cfg)?, dir)),
+        None => None,
     };
-    if let Some(key) = &key {
-        if let Ok(ptx) = std::fs::read_to_string(cache_dir().join(format!("{key}.ptx"))) {
+    if let Some((key, dir)) = &cache {
+        if let Ok(ptx) = std::fs::read_to_string(dir.join(format!("{key}.ptx"))) {
             if let Some(dir) = cfg.out_ptx.parent() {
                 std::fs::create_dir_all(dir)?;
             }
@@ -295,8 +314,8 @@ pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
         }
     }
     let built = build_uncached(cfg, start)?;
-    if let Some(key) = &key {
-        cache_store(key, &built.ptx)?;
+    if let Some((key, dir)) = &cache {
+        cache_store(dir, key, &built.ptx)?;
     }
     Ok(built)
 }
