@@ -524,6 +524,7 @@ mod tests {
         // instruction from a stored V tile, give what a transposed V's TMA load would:
         // row d of the tile at position vt_position(key) holds V[key][d].
         let mut shapes: Vec<(u32, u32)> = KERNELS.iter().map(|k| (k.block_n, k.hdim)).collect();
+        shapes.sort();
         shapes.dedup();
         for (block_n, hdim) in shapes {
             let bytes = (block_n * hdim) as usize;

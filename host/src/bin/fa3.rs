@@ -832,12 +832,8 @@ fn cmd_bench_fp8(a: &BenchArgs) -> CliResult<()> {
                         let timing = TimingPlan { warmup: a.warmup, warmup_ms: a.warmup_ms, iters: a.iters.max(1), timing_ms: a.timing_ms };
                         let mut o = out.view_mut(shape);
                         let t = time_calls(&gpu, &stream, timing, || {
-                            if layout == cli::Fp8VArg::Pass {
-                                let vt = transpose_v_fp8(&gpu, &stream, &v.tensor)?;
-                                flash_attn_fp8_into(&gpu, &stream, &q.tensor, &k.tensor, &vt, &scales, &mut o, &mut lse, &opts)
-                            } else {
-                                flash_attn_fp8_into(&gpu, &stream, &q.tensor, &k.tensor, &v.tensor, &scales, &mut o, &mut lse, &opts)
-                            }
+                            let vt = if layout == cli::Fp8VArg::Pass { Some(transpose_v_fp8(&gpu, &stream, &v.tensor)?) } else { None };
+                            flash_attn_fp8_into(&gpu, &stream, &q.tensor, &k.tensor, vt.as_ref().unwrap_or(&v.tensor), &scales, &mut o, &mut lse, &opts)
                         })?;
                         let tflops = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) / (t.median_ms * 1e-3) / 1e12;
                         println!("{hdim:>5} {seqlen:>6} {batch:>5} {heads:>5} {:>6} {:>9.4} {tflops:>8.1} {:>8.1} {series}", causal as u8, t.median_ms, t.host_us);
