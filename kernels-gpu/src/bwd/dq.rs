@@ -67,7 +67,14 @@ impl DqStager {
                 unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
             }
         }
-        Self::publish(storage, wg, wg, thread_in_wg);
+        if K::DQ_ARRIVE_ONLY {
+            // Visible to the bulk reduction (async proxy), then handed over without
+            // waiting for the rest of the warpgroup: the writer warp waits for all 128.
+            fence::proxy_async_shared();
+            NamedBarrier::DqFull.arrive(wg);
+        } else {
+            Self::publish(storage, wg, wg, thread_in_wg);
+        }
         self.phase ^= 1;
     }
 
@@ -90,7 +97,7 @@ impl DqStager {
 
     /// After warpgroup `wg`'s stores: makes them visible to the bulk reduction (which
     /// reads through the async proxy) and, once the whole warpgroup has stored, signals
-    /// dQ full barrier `full`.
+    /// dQ full barrier `full` (an mbarrier: both warpgroups arrive on a stage's).
     #[inline(always)]
     fn publish(storage: &BwdStorage, full: u32, wg: u32, thread_in_wg: u32) {
         fence::proxy_async_shared();
@@ -126,7 +133,11 @@ impl<K: BwdTraits> DqWriter<K> {
         super::cta_steps::<K>(p, n_block, head_k, batch, ranges.as_ref()).for_each(p, |h, m| {
             let head = head_k * p.kv_group + h;
             for wg in 0..MMA_WGS {
-                storage.dq.full(wg).wait(phase);
+                if K::DQ_ARRIVE_ONLY {
+                    NamedBarrier::DqFull.sync(wg);
+                } else {
+                    storage.dq.full(wg).wait(phase);
+                }
             }
             // (batch, head) of the accumulator and of the semaphores.
             let bh = batch * p.heads_q + head;

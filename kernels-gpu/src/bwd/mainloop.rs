@@ -151,6 +151,14 @@ impl<K: BwdTraits> Consumer<'_, K> {
     const DV_BEFORE_DS: bool =
         K::BLOCK_M == 128 || (K::HDIM == 128 && <K::Docs as DocSource>::DOCS && (K::SOFTCAP || K::ALIBI));
 
+    /// The first k-step's LSE and D are read before the waits for `Sᵀ` and `dPᵀ`, off
+    /// the softmax's path (read after them, their latency was the most sampled stall of
+    /// the hdim-128 warps). Four registers each while the products land: only the plain
+    /// hdim-128 kernels have them (with 128-query steps, at hdim 256, with windows,
+    /// soft-capping or ALiBi they spilled 4-16 bytes).
+    const EARLY_VECTORS: bool =
+        K::BLOCK_M == 64 && !K::SPLIT && !K::LOCAL && !K::SOFTCAP && !K::ALIBI && !K::Variant::ACTIVE;
+
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
     /// and dV.
@@ -263,6 +271,11 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 }
             })
         };
+        // This warpgroup's queries of the step: their LSE and D (derived after the wait
+        // but with [`Self::EARLY_VECTORS`]: held across it, they spilled the soft-capped
+        // kernels), and the first one.
+        let vectors = || (s.lse_slot::<K>(st.index()).add(4 * tile.query0), s.dpsum_slot::<K>(st.index()).add(4 * tile.query0));
+        let lse_first = if Self::EARLY_VECTORS { Self::vector_pair(vectors().0, 2 * (self.thread_in_wg % 4), 0) } else { [[0.0; 2]; 2] };
         // Score modifications: dPᵀ is issued after Pᵀ is made ([`Self::LATE_DP`]).
         if Self::LATE_DP {
             gemm::wait::<0>(&mut scores);
@@ -275,8 +288,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         // k-step (two n-tiles) at a time, then dV += Pᵀ dO while dSᵀ is computed.
         let lane = self.thread_in_wg % 32;
         let col_2t = 2 * (lane % 4);
-        // This warpgroup's queries of the step: their LSE and D, and the first one.
-        let (lse, dpsum) = (s.lse_slot::<K>(st.index()).add(4 * tile.query0), s.dpsum_slot::<K>(st.index()).add(4 * tile.query0));
+        let (lse, dpsum) = vectors();
         let query0 = (m * K::BLOCK_M + tile.query0) as i32;
         let steps = <<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS;
         // ALiBi: this lane's two key rows' diagonal queries (query `key − seqlen_k +
@@ -306,8 +318,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
             for e in 0..2 {
                 let j = 2 * kb + e;
                 let col = 8 * j as u32 + col_2t;
-                // SAFETY: inside this stage's vector; 8 B aligned (even column).
-                let lse2 = unsafe { smem::ld_v2_f32(lse.add(4 * col)) };
+                let lse2 = if Self::EARLY_VECTORS && kb == 0 { lse_first[e] } else { Self::vector_at(lse, col_2t, j) };
                 let sf = scores.frag_mut(j);
                 for r in 0..2 {
                     let mut pair = [0.0f32; 2];
@@ -356,7 +367,8 @@ impl<K: BwdTraits> Consumer<'_, K> {
         if !K::SPLIT {
             Self::issue_dv(grads, &mut probs, do_b);
         }
-        // dPᵀ landed (dV may still run).
+        // dPᵀ landed (dV may still run); the first k-step's D may be read before.
+        let d_first = if Self::EARLY_VECTORS { Self::vector_pair(dpsum, col_2t, 0) } else { [[0.0; 2]; 2] };
         if K::SPLIT || Self::DV_BEFORE_DS {
             gemm::wait::<0>(&mut dp);
             probs.fence_operand();
@@ -369,9 +381,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         for kb in 0..steps {
             for e in 0..2 {
                 let j = 2 * kb + e;
-                let col = 8 * j as u32 + col_2t;
-                // SAFETY: as for the LSE.
-                let d = unsafe { smem::ld_v2_f32(dpsum.add(4 * col)) };
+                let d = if Self::EARLY_VECTORS && kb == 0 { d_first[e] } else { Self::vector_at(dpsum, col_2t, j) };
                 let (sf, dpf) = (scores.frag(j), dp.frag_mut(j));
                 for i in 0..4 {
                     dpf[i] = sf[i] * (dpf[i] - d[i % 2]);
@@ -433,6 +443,20 @@ impl<K: BwdTraits> Consumer<'_, K> {
 
         // 5. dQ: staged for the writer warp.
         self.dq.stage::<K>(&self.storage, &dq, self.wg, self.thread_in_wg);
+    }
+
+    /// A lane's two values of a stage's LSE or D vector (from `vector`, this warpgroup's
+    /// first query) for n-tile `j`: columns `8 j + col_2t` and `+ 1`.
+    #[inline(always)]
+    fn vector_at(vector: crate::ptx::smem::SmemAddr, col_2t: u32, j: usize) -> [f32; 2] {
+        // SAFETY: inside this stage's vector; 8 B aligned (even column).
+        unsafe { smem::ld_v2_f32(vector.add(4 * (8 * j as u32 + col_2t))) }
+    }
+
+    /// [`Self::vector_at`] for both n-tiles of k-step `kb`.
+    #[inline(always)]
+    fn vector_pair(vector: crate::ptx::smem::SmemAddr, col_2t: u32, kb: usize) -> [[f32; 2]; 2] {
+        core::array::from_fn(|e| Self::vector_at(vector, col_2t, 2 * kb + e))
     }
 
     /// `dQ = dS K` for this warpgroup's part ([`DqSplit`]) over the block's keys. dSᵀ
