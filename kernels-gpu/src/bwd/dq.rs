@@ -2,8 +2,10 @@
 //! blocks it sees. Each consumer warpgroup stages its part of the step's dQ (64 rows: half
 //! the head dimension, or every column of its rows in 128-row steps, `DqSplit`) in its
 //! shared-memory slot in fragment order
-//! (`common::bwd::dq_accum_index`: 16-byte stores, no bank conflict) and signals the
-//! slot's full barrier; the dQ writer, a warp of the producer warpgroup, adds them to
+//! (`common::bwd::dq_accum_index`: 16-byte stores, no bank conflict) and hands it over
+//! (each thread fences its stores and arrives at a named barrier the writer waits at,
+//! without waiting itself: `BwdTraits::DQ_ARRIVE_ONLY`; else a warpgroup sync and the
+//! slot's full mbarrier); the dQ writer, a warp of the producer warpgroup, adds them to
 //! the accumulator with one bulk reduction
 //! (`cp.reduce.async.bulk`, summed in L2) and frees the slot once it has been read (FA3's
 //! layout: a per-element `red` from every thread made the backward bound by L2 atomics,
