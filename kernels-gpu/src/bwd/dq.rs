@@ -94,7 +94,12 @@ impl DqStager {
             // SAFETY: inside the 32 KB slot; 16 B aligned.
             unsafe { smem::st_v4_u32(at, dq.frag(j as usize).map(f32::to_bits)) };
         }
-        Self::publish(storage, stage, wg, thread_in_wg);
+        if K::DQ_ARRIVE_ONLY {
+            fence::proxy_async_shared();
+            NamedBarrier::DqFullSplit.arrive(stage);
+        } else {
+            Self::publish(storage, stage, wg, thread_in_wg);
+        }
     }
 
     /// After warpgroup `wg`'s stores: makes them visible to the bulk reduction (which
@@ -199,7 +204,11 @@ impl<K: BwdTraits> DqWriter<K> {
         let mut st = CountState::<STAGES>::new();
         let ranges = super::local_ranges::<K>(p, batch);
         super::cta_steps::<K>(p, n_block, head_k, batch, ranges.as_ref()).for_each(p, |h, m| {
-            storage.dq.full(st.index()).wait(st.phase());
+            if K::DQ_ARRIVE_ONLY {
+                NamedBarrier::DqFullSplit.sync(st.index());
+            } else {
+                storage.dq.full(st.index()).wait(st.phase());
+            }
             let bh = batch * p.heads_q + head_k * p.kv_group + h;
             if K::DETERMINISTIC {
                 let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k, ranges.as_ref());

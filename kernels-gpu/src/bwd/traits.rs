@@ -55,15 +55,15 @@ pub trait BwdTraits: Copy + 'static {
     /// shared memory (`common::bwd::splits_head_dim`).
     const SPLIT: bool = bwd::splits_head_dim(Self::HDIM);
     /// The consumer warpgroups hand each step's dQ piece to the dQ writer warp without
-    /// waiting: each thread fences its stores and arrives at [`NamedBarrier::DqFull`],
-    /// which the writer waits at (+2.3% geomean, +6% at hdim 128 16k, over a
-    /// warpgroup-wide sync before one thread's mbarrier arrival). Not where the logits
-    /// are modified per score (soft-capping, user variants) or with ALiBi and documents
-    /// at hdim 128: there it spilled 8-16 bytes, and they keep the mbarrier.
+    /// waiting: each thread fences its stores and arrives at [`NamedBarrier::DqFull`]
+    /// (`DqFullSplit` where the head dimension is split), which the writer waits at
+    /// (+2.3% geomean, +6% at hdim 128 16k, over a warpgroup-wide sync before one
+    /// thread's mbarrier arrival). Not where the logits are modified per score
+    /// (soft-capping, user variants) or with ALiBi and documents at hdim 128: there it
+    /// spilled 8-16 bytes, and they keep the mbarrier.
     ///
     /// [`NamedBarrier::DqFull`]: crate::fa3::barriers::NamedBarrier::DqFull
-    const DQ_ARRIVE_ONLY: bool = !Self::SPLIT
-        && !Self::SOFTCAP
+    const DQ_ARRIVE_ONLY: bool = !Self::SOFTCAP
         && !<Self::Variant as LogitHook>::SCORE
         && !(Self::HDIM == 128 && Self::ALIBI && <Self::Docs as DocSource>::DOCS);
     /// The shared-memory layout.

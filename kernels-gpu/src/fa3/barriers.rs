@@ -27,6 +27,10 @@ pub enum NamedBarrier {
     /// arrive without waiting, the dQ writer warp waits (160 threads). The forward's
     /// pingpong ids: no kernel has both.
     DqFull,
+    /// Backward where the warpgroups split the head dimension: both staged (and fenced)
+    /// their dQ of a Q stage (one id per stage), 256 threads arrive, the writer warp
+    /// waits (288). The forward's transpose ids.
+    DqFullSplit,
 }
 
 /// Which kernels use a role.
@@ -38,13 +42,14 @@ enum Family {
 }
 
 /// Every role and its kernels, for the check below.
-const ROLES: [(NamedBarrier, Family); 6] = [
+const ROLES: [(NamedBarrier, Family); 7] = [
     (NamedBarrier::Epilogue, Family::Both),
     (NamedBarrier::PingPong, Family::Forward),
     (NamedBarrier::DsFree, Family::Backward),
     (NamedBarrier::DsReady, Family::Backward),
     (NamedBarrier::Transpose, Family::Forward),
     (NamedBarrier::DqFull, Family::Backward),
+    (NamedBarrier::DqFullSplit, Family::Backward),
 ];
 
 // The id ranges are inside 1..16, and disjoint where one kernel family uses both roles.
@@ -73,7 +78,7 @@ impl NamedBarrier {
             NamedBarrier::PingPong | NamedBarrier::DqFull => 1 + MAX_CONSUMER_WGS,
             NamedBarrier::DsFree => 1 + 2 * MAX_CONSUMER_WGS,
             NamedBarrier::DsReady => 1 + 3 * MAX_CONSUMER_WGS,
-            NamedBarrier::Transpose => 1 + 4 * MAX_CONSUMER_WGS,
+            NamedBarrier::Transpose | NamedBarrier::DqFullSplit => 1 + 4 * MAX_CONSUMER_WGS,
         }
     }
 
@@ -85,6 +90,7 @@ impl NamedBarrier {
             NamedBarrier::PingPong | NamedBarrier::DsFree | NamedBarrier::DsReady => 2 * WARPGROUP_THREADS,
             NamedBarrier::Transpose => super::transpose::TRANSPOSER_THREADS,
             NamedBarrier::DqFull => WARPGROUP_THREADS + 32,
+            NamedBarrier::DqFullSplit => 2 * WARPGROUP_THREADS + 32,
         }
     }
 
