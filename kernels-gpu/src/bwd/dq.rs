@@ -30,6 +30,7 @@ use crate::ptx::compiler::opaque_u32;
 use crate::ptx::{fence, global, smem, tma};
 use crate::fa3::pipeline::CountState;
 use common::bwd::{BwdParams, MMA_WGS, STAGES, dq_piece, dq_piece_cols, wg_dq_cols};
+use common::fa3::MAX_CONSUMER_WGS;
 use core::marker::PhantomData;
 
 /// A consumer warpgroup's side: stages its piece of each step.
@@ -95,6 +96,8 @@ impl DqStager {
             unsafe { smem::st_v4_u32(at, dq.frag(j as usize).map(f32::to_bits)) };
         }
         if K::DQ_ARRIVE_ONLY {
+            // As in `stage`, one id per Q stage.
+            const { assert!(STAGES <= MAX_CONSUMER_WGS) };
             fence::proxy_async_shared();
             NamedBarrier::DqFullSplit.arrive(stage);
         } else {

@@ -448,14 +448,14 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// A lane's two values of a stage's LSE or D vector (from `vector`, this warpgroup's
     /// first query) for n-tile `j`: columns `8 j + col_2t` and `+ 1`.
     #[inline(always)]
-    fn vector_at(vector: crate::ptx::smem::SmemAddr, col_2t: u32, j: usize) -> [f32; 2] {
+    fn vector_at(vector: smem::SmemAddr, col_2t: u32, j: usize) -> [f32; 2] {
         // SAFETY: inside this stage's vector; 8 B aligned (even column).
         unsafe { smem::ld_v2_f32(vector.add(4 * (8 * j as u32 + col_2t))) }
     }
 
     /// [`Self::vector_at`] for both n-tiles of k-step `kb`.
     #[inline(always)]
-    fn vector_pair(vector: crate::ptx::smem::SmemAddr, col_2t: u32, kb: usize) -> [[f32; 2]; 2] {
+    fn vector_pair(vector: smem::SmemAddr, col_2t: u32, kb: usize) -> [[f32; 2]; 2] {
         core::array::from_fn(|e| Self::vector_at(vector, col_2t, 2 * kb + e))
     }
 
