@@ -306,11 +306,7 @@ pub fn build(cfg: &BuildConfig) -> Result<Built, Error> {
     };
     if let Some((key, dir)) = &cache {
         if let Ok(ptx) = std::fs::read_to_string(dir.join(format!("{key}.ptx"))) {
-            if let Some(dir) = cfg.out_ptx.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            std::fs::write(&cfg.out_ptx, &ptx)?;
-            return Ok(Built { ptx_path: cfg.out_ptx.clone(), ptx, elapsed: start.elapsed(), cached: true });
+            return write_module(cfg, ptx, start, true);
         }
     }
     let built = build_uncached(cfg, start)?;
@@ -377,11 +373,16 @@ fn build_uncached(cfg: &BuildConfig, start: Instant) -> Result<Built, Error> {
         .arg(&raw_ptx))?;
 
     let ptx = finish_ptx(&std::fs::read_to_string(&raw_ptx)?, &exports)?;
+    write_module(cfg, ptx, start, false)
+}
+
+/// Writes the module to `cfg.out_ptx` (creating its directory).
+fn write_module(cfg: &BuildConfig, ptx: String, start: Instant, cached: bool) -> Result<Built, Error> {
     if let Some(dir) = cfg.out_ptx.parent() {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&cfg.out_ptx, &ptx)?;
-    Ok(Built { ptx_path: cfg.out_ptx.clone(), ptx, elapsed: start.elapsed(), cached: false })
+    Ok(Built { ptx_path: cfg.out_ptx.clone(), ptx, elapsed: start.elapsed(), cached })
 }
 
 /// The `.rlib` files cargo reported for the kernel crate and its dependencies.

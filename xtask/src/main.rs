@@ -48,7 +48,7 @@ fn build(out: PathBuf) -> Result<PathBuf, ExitCode> {
                 b.ptx.len() / 1024,
                 common::KERNELS.len(),
                 b.elapsed.as_secs_f64(),
-                if b.cached { " (unchanged sources: from target/ptx-cache)" } else { "" }
+                if b.cached { " (unchanged sources: from the PTX cache)" } else { "" }
             );
             Ok(b.ptx_path)
         }

@@ -70,14 +70,7 @@ impl DqStager {
                 unsafe { smem::st_v4_u32(at, piece.frag(j).map(f32::to_bits)) };
             }
         }
-        if K::DQ_ARRIVE_ONLY {
-            // Visible to the bulk reduction (async proxy), then handed over without
-            // waiting for the rest of the warpgroup: the writer warp waits for all 128.
-            fence::proxy_async_shared();
-            NamedBarrier::DqFull.arrive(wg);
-        } else {
-            Self::publish(storage, wg, wg, thread_in_wg);
-        }
+        publish::<K>(storage, wg, wg, thread_in_wg);
         self.phase ^= 1;
     }
 
@@ -95,26 +88,46 @@ impl DqStager {
             // SAFETY: inside the 32 KB slot; 16 B aligned.
             unsafe { smem::st_v4_u32(at, dq.frag(j as usize).map(f32::to_bits)) };
         }
-        if K::DQ_ARRIVE_ONLY {
-            // As in `stage`, one id per Q stage.
-            const { assert!(STAGES <= MAX_CONSUMER_WGS) };
-            fence::proxy_async_shared();
-            NamedBarrier::DqFullSplit.arrive(stage);
-        } else {
-            Self::publish(storage, stage, wg, thread_in_wg);
-        }
+        publish::<K>(storage, stage, wg, thread_in_wg);
     }
+}
 
-    /// After warpgroup `wg`'s stores: makes them visible to the bulk reduction (which
-    /// reads through the async proxy) and, once the whole warpgroup has stored, signals
-    /// dQ full barrier `full` (an mbarrier: both warpgroups arrive on a stage's).
-    #[inline(always)]
-    fn publish(storage: &BwdStorage, full: u32, wg: u32, thread_in_wg: u32) {
-        fence::proxy_async_shared();
+/// The named barrier of a staged dQ slot ([`BwdTraits::DQ_ARRIVE_ONLY`]): one id per
+/// consumer warpgroup's slot, or per Q stage where the warpgroups split the head
+/// dimension (both stage into it).
+#[inline(always)]
+fn full_barrier<K: BwdTraits>() -> NamedBarrier {
+    const { assert!(STAGES <= MAX_CONSUMER_WGS && MMA_WGS <= MAX_CONSUMER_WGS) };
+    if K::SPLIT { NamedBarrier::DqFullSplit } else { NamedBarrier::DqFull }
+}
+
+/// After warpgroup `wg`'s stores to the slot of full barrier `full`: makes them visible
+/// to the bulk reduction (which reads through the async proxy) and hands them to the
+/// writer: each thread arrives at the slot's named barrier without waiting for the rest
+/// of its warpgroup ([`BwdTraits::DQ_ARRIVE_ONLY`]), or, once the whole warpgroup has
+/// stored, one thread arrives at the slot's full mbarrier.
+#[inline(always)]
+fn publish<K: BwdTraits>(storage: &BwdStorage, full: u32, wg: u32, thread_in_wg: u32) {
+    fence::proxy_async_shared();
+    if K::DQ_ARRIVE_ONLY {
+        full_barrier::<K>().arrive(full);
+    } else {
         NamedBarrier::Epilogue.sync(wg);
         if thread_in_wg == 0 {
             storage.dq.full(full).arrive();
         }
+    }
+}
+
+/// The writer's side of [`publish`]: waits until the slot of full barrier `full` holds a
+/// staged piece (`phase`: the mbarrier's, where it is used). Every lane of the writer
+/// warp calls it.
+#[inline(always)]
+fn wait_full<K: BwdTraits>(storage: &BwdStorage, full: u32, phase: u32) {
+    if K::DQ_ARRIVE_ONLY {
+        full_barrier::<K>().sync(full);
+    } else {
+        storage.dq.full(full).wait(phase);
     }
 }
 
@@ -143,11 +156,7 @@ impl<K: BwdTraits> DqWriter<K> {
         super::cta_steps::<K>(p, n_block, head_k, batch, ranges.as_ref()).for_each(p, |h, m| {
             let head = head_k * p.kv_group + h;
             for wg in 0..MMA_WGS {
-                if K::DQ_ARRIVE_ONLY {
-                    NamedBarrier::DqFull.sync(wg);
-                } else {
-                    storage.dq.full(wg).wait(phase);
-                }
+                wait_full::<K>(storage, wg, phase);
             }
             // (batch, head) of the accumulator and of the semaphores.
             let bh = batch * p.heads_q + head;
@@ -207,11 +216,7 @@ impl<K: BwdTraits> DqWriter<K> {
         let mut st = CountState::<STAGES>::new();
         let ranges = super::local_ranges::<K>(p, batch);
         super::cta_steps::<K>(p, n_block, head_k, batch, ranges.as_ref()).for_each(p, |h, m| {
-            if K::DQ_ARRIVE_ONLY {
-                NamedBarrier::DqFullSplit.sync(st.index());
-            } else {
-                storage.dq.full(st.index()).wait(st.phase());
-            }
+            wait_full::<K>(storage, st.index(), st.phase());
             let bh = batch * p.heads_q + head_k * p.kv_group + h;
             if K::DETERMINISTIC {
                 let turn = p.dq_order_of(K::LOCAL).turn(n_block, m, p.causal != 0, K::BLOCK_M, K::BLOCK_N, p.seqlen_q, p.seqlen_k, ranges.as_ref());
