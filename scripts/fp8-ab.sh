@@ -7,7 +7,7 @@
 # usage: [HDIMS=128] [SEQ=1024,4096,16384] [ROUNDS=2] [PEER=1] scripts/fp8-ab.sh
 source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-FA3_REQUIRE_GPU=1 timeout 150 .device/exp/new/gpu_fp8 > "$OUT/gpu_fp8.txt" 2>&1 || status=1
+FA3_REQUIRE_GPU=1 timeout 240 .device/exp/new/gpu_fp8 > "$OUT/gpu_fp8.txt" 2>&1 || status=1
 grep -E "test result|FAILED|panicked" "$OUT/gpu_fp8.txt" | head
 SEQ=${SEQ:-1024,4096,16384}
 BURSTS="--dtype e4m3 --cooldown-ms 1000 --warmup 5 --warmup-ms 0 --iters 20 --timing-ms 0"

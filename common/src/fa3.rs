@@ -309,7 +309,7 @@ pub const fn key_block_of(hdim: u32, seqlen_k: u32, score_mod: crate::ScoreModKi
 pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
     let (fp8, transpose_v) = match k.kind {
         crate::KernelKind::Forward => (false, false),
-        crate::KernelKind::ForwardFp8 { transpose_v } => (true, transpose_v),
+        crate::KernelKind::ForwardFp8 { transpose_v, .. } => (true, transpose_v),
         _ => return None,
     };
     match k.algo {

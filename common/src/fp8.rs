@@ -55,7 +55,7 @@ pub const fn vt_chunk(block_n: u32) -> u32 {
 }
 /// Keys of the e4m3 k-step (`wgmma ... k32`).
 pub const K_STEP: u32 = 32;
-/// Largest finite e4m3 value: block scales map a block's largest magnitude here.
+/// Largest finite e4m3 value: a block factor maps its block's largest magnitude at most here.
 pub const E4M3_MAX: f32 = 448.0;
 
 /// The probabilities enter the PV GEMM as `P · 2^P_EXP2_OFFSET` (at most 256), in e4m3's
@@ -63,6 +63,106 @@ pub const E4M3_MAX: f32 = 448.0;
 /// row's exact running max (no lazy rescaling), so a row's largest weight is exactly 256.
 /// The row sums carry the same factor, which cancels in O; the LSE takes it out.
 pub const P_EXP2_OFFSET: f32 = 8.0;
+
+/// The factor of a block of values whose largest magnitude is `amax`: the smallest power
+/// of two at or above `amax / E4M3_MAX` (the block's codes are then exactly `x / factor`
+/// rounded, the largest in `(224, 448]`), 1 for a block of zeros. Powers of two, as MX
+/// formats' shared scales, so that the FP8 forward carries V's factors in P's `exp2`
+/// offset exactly ([`VUnit`]); e4m3's precision above its subnormals does not
+/// depend on where in its range a block's values sit.
+#[inline(always)]
+pub fn block_factor(amax: f32) -> f32 {
+    if amax > 0.0 { pow2_at_least(amax / E4M3_MAX) } else { 1.0 }
+}
+
+/// The smallest power of two at or above `x > 0` (the smallest normal below it; `+inf`
+/// stays).
+#[inline(always)]
+pub fn pow2_at_least(x: f32) -> f32 {
+    let (bits, exp) = (x.to_bits(), x.to_bits() >> 23);
+    if exp == 0 {
+        f32::MIN_POSITIVE
+    } else if bits & 0x7f_ffff == 0 {
+        x
+    } else {
+        f32::from_bits((exp + 1) << 23)
+    }
+}
+
+/// `n` of a positive normal power of two `2^n`; `None` for any other value.
+#[inline(always)]
+pub fn pow2_exponent(x: f32) -> Option<i32> {
+    let (bits, exp) = (x.to_bits(), (x.to_bits() >> 23) as i32);
+    (bits & 0x7f_ffff == 0 && exp > 0 && exp < 255).then_some(exp - 127)
+}
+
+/// `2^n` for `-126 <= n <= 127`, exactly.
+#[inline(always)]
+pub fn pow2(n: i32) -> f32 {
+    f32::from_bits(((127 + n) as u32) << 23)
+}
+
+/// Bits of a V factor below O's unit that a block may take in P's `exp2` offset
+/// ([`VUnit`]): what its probabilities lose is at most this many bits at e4m3's
+/// subnormal end.
+pub const V_UNIT_SPAN_LOG2: i32 = 2;
+
+/// With per-block V factors, the unit O's accumulator is kept in: one block's factor.
+/// A key block whose factor `v` is a power of two ([`block_factor`]'s) at most
+/// [`V_UNIT_SPAN_LOG2`] bits below a power-of-two unit enters the PV GEMM as
+/// `P · 2^(P_EXP2_OFFSET + shift)`: the shift is exact (e4m3's rounding commutes with
+/// powers of two above its subnormals) and O needs no conversion. Any other block
+/// becomes the unit, and O is converted to it before the block's PV (factors that are not
+/// powers of two convert at every block). The FP8 forward's rule, and the CPU
+/// emulation's (`host::reference::fp8::attention_fp8_v_unit`).
+#[derive(Clone, Copy, Debug)]
+pub struct VUnit {
+    factor: f32,
+    /// The factor's exponent when it is a power of two, else one no shift reaches.
+    exp: i32,
+}
+
+impl VUnit {
+    const NO_EXP: i32 = i32::MIN / 2;
+
+    /// Before the first key block.
+    pub const fn new() -> Self {
+        VUnit { factor: 0.0, exp: Self::NO_EXP }
+    }
+
+    /// The unit (0 before the first block).
+    #[inline(always)]
+    pub fn factor(&self) -> f32 {
+        self.factor
+    }
+
+    /// A key block with factor `v` (positive, finite) arrives: `Ok(shift)`, P's extra
+    /// `exp2` offset (`-V_UNIT_SPAN_LOG2..=0`), or `Err(old)`: the block's factor is the
+    /// unit now, and O must be multiplied by `old / v` before its PV (`old` is 0 before
+    /// the first block: nothing to convert). The division is the caller's (the kernel's
+    /// `rcp`, rare).
+    #[inline(always)]
+    pub fn enter(&mut self, v: f32) -> Result<i32, f32> {
+        let bits = v.to_bits();
+        let shift = (bits >> 23) as i32 - 127 - self.exp;
+        if bits & 0x7f_ffff == 0 && (shift + V_UNIT_SPAN_LOG2) as u32 <= V_UNIT_SPAN_LOG2 as u32 {
+            return Ok(shift);
+        }
+        let old = self.factor;
+        self.factor = v;
+        self.exp = match pow2_exponent(v) {
+            Some(e) => e,
+            None => Self::NO_EXP,
+        };
+        Err(old)
+    }
+}
+
+impl Default for VUnit {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// Keys a transposed V's rows are padded to a multiple of: a 64-byte swizzle chunk (so a
 /// whole number of k-steps).
@@ -120,31 +220,59 @@ pub struct Fp8Descales {
     pub v: ScaleIndex,
 }
 
-/// The FP8 forward kernel table: `callback! { NAME => OUT_DTYPE, hdim D, keys N, V; ... }`
+/// The FP8 forward kernel table: `callback! { NAME => OUT_DTYPE, hdim D, keys N, V, F; ... }`
 /// with `V` either `transposed` (V given as [`vt_position`] lays it out) or `rows` (V as
-/// stored, `[b, s, h, d]`, transposed by the kernel's producer: [`transpose_op`]).
+/// stored, `[b, s, h, d]`, transposed by the kernel's producer: [`transpose_op`]), and
+/// `F` either `blocks` (K and V may have per-block factors: the kernel reads them per key
+/// block, [`VUnit`]) or `head` (K and V have one factor per (batch, head), and the
+/// kernel has no per-block code: `_headscale` and the wide `_n192` kernels).
 /// Every entry runs [`block_m`]` / 64` consumer warpgroups with every FA3 technique.
 #[macro_export]
 macro_rules! fp8_kernel_table {
     ($callback:ident) => {
         $callback! {
-            fa3_fp8_hdim64_bf16 => BF16, hdim 64, keys 128, transposed;
-            fa3_fp8_hdim64_f16 => F16, hdim 64, keys 128, transposed;
-            fa3_fp8_hdim128_bf16 => BF16, hdim 128, keys 128, transposed;
-            fa3_fp8_hdim128_f16 => F16, hdim 128, keys 128, transposed;
-            fa3_fp8_hdim128_bf16_n192 => BF16, hdim 128, keys 192, transposed;
-            fa3_fp8_hdim128_f16_n192 => F16, hdim 128, keys 192, transposed;
-            fa3_fp8_hdim256_bf16 => BF16, hdim 256, keys 64, transposed;
-            fa3_fp8_hdim256_f16 => F16, hdim 256, keys 64, transposed;
-            fa3_fp8_hdim64_bf16_vrows => BF16, hdim 64, keys 128, rows;
-            fa3_fp8_hdim64_f16_vrows => F16, hdim 64, keys 128, rows;
-            fa3_fp8_hdim128_bf16_vrows => BF16, hdim 128, keys 128, rows;
-            fa3_fp8_hdim128_f16_vrows => F16, hdim 128, keys 128, rows;
-            fa3_fp8_hdim128_bf16_n192_vrows => BF16, hdim 128, keys 192, rows;
-            fa3_fp8_hdim128_f16_n192_vrows => F16, hdim 128, keys 192, rows;
-            fa3_fp8_hdim256_bf16_vrows => BF16, hdim 256, keys 64, rows;
-            fa3_fp8_hdim256_f16_vrows => F16, hdim 256, keys 64, rows;
+            fa3_fp8_hdim64_bf16 => BF16, hdim 64, keys 128, transposed, blocks;
+            fa3_fp8_hdim64_bf16_headscale => BF16, hdim 64, keys 128, transposed, head;
+            fa3_fp8_hdim64_f16 => F16, hdim 64, keys 128, transposed, blocks;
+            fa3_fp8_hdim64_f16_headscale => F16, hdim 64, keys 128, transposed, head;
+            fa3_fp8_hdim128_bf16 => BF16, hdim 128, keys 128, transposed, blocks;
+            fa3_fp8_hdim128_bf16_headscale => BF16, hdim 128, keys 128, transposed, head;
+            fa3_fp8_hdim128_f16 => F16, hdim 128, keys 128, transposed, blocks;
+            fa3_fp8_hdim128_f16_headscale => F16, hdim 128, keys 128, transposed, head;
+            fa3_fp8_hdim128_bf16_n192 => BF16, hdim 128, keys 192, transposed, head;
+            fa3_fp8_hdim128_f16_n192 => F16, hdim 128, keys 192, transposed, head;
+            fa3_fp8_hdim256_bf16 => BF16, hdim 256, keys 64, transposed, blocks;
+            fa3_fp8_hdim256_bf16_headscale => BF16, hdim 256, keys 64, transposed, head;
+            fa3_fp8_hdim256_f16 => F16, hdim 256, keys 64, transposed, blocks;
+            fa3_fp8_hdim256_f16_headscale => F16, hdim 256, keys 64, transposed, head;
+            fa3_fp8_hdim64_bf16_vrows => BF16, hdim 64, keys 128, rows, blocks;
+            fa3_fp8_hdim64_bf16_headscale_vrows => BF16, hdim 64, keys 128, rows, head;
+            fa3_fp8_hdim64_f16_vrows => F16, hdim 64, keys 128, rows, blocks;
+            fa3_fp8_hdim64_f16_headscale_vrows => F16, hdim 64, keys 128, rows, head;
+            fa3_fp8_hdim128_bf16_vrows => BF16, hdim 128, keys 128, rows, blocks;
+            fa3_fp8_hdim128_bf16_headscale_vrows => BF16, hdim 128, keys 128, rows, head;
+            fa3_fp8_hdim128_f16_vrows => F16, hdim 128, keys 128, rows, blocks;
+            fa3_fp8_hdim128_f16_headscale_vrows => F16, hdim 128, keys 128, rows, head;
+            fa3_fp8_hdim128_bf16_n192_vrows => BF16, hdim 128, keys 192, rows, head;
+            fa3_fp8_hdim128_f16_n192_vrows => F16, hdim 128, keys 192, rows, head;
+            fa3_fp8_hdim256_bf16_vrows => BF16, hdim 256, keys 64, rows, blocks;
+            fa3_fp8_hdim256_bf16_headscale_vrows => BF16, hdim 256, keys 64, rows, head;
+            fa3_fp8_hdim256_f16_vrows => F16, hdim 256, keys 64, rows, blocks;
+            fa3_fp8_hdim256_f16_headscale_vrows => F16, hdim 256, keys 64, rows, head;
         }
+    };
+}
+
+/// Whether a table entry's factors column (`blocks` or `head`) gives K and V per-block
+/// factors.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! fp8_block_factors {
+    (blocks) => {
+        true
+    };
+    (head) => {
+        false
     };
 }
 
@@ -175,11 +303,11 @@ pub const fn config(hdim: u32, block_n: u32, transpose_v: bool) -> KernelConfig 
 }
 
 macro_rules! fp8_entries {
-    ($($name:ident => $dtype:ident, hdim $hdim:literal, keys $keys:literal, $v:ident;)*) => {
+    ($($name:ident => $dtype:ident, hdim $hdim:literal, keys $keys:literal, $v:ident, $f:ident;)*) => {
         &[$(KernelEntry {
             name: stringify!($name),
             algo: Algo::Fa3(Techniques::FULL),
-            kind: KernelKind::ForwardFp8 { transpose_v: $crate::fp8_transposes_v!($v) },
+            kind: KernelKind::ForwardFp8 { transpose_v: $crate::fp8_transposes_v!($v), block_factors: $crate::fp8_block_factors!($f) },
             hdim: $hdim,
             dtype: DType::$dtype,
             tma_param_bytes: TMA_PARAM_BYTES,
@@ -197,14 +325,14 @@ macro_rules! fp8_entries {
 pub const KERNELS: &[KernelEntry] = fp8_kernel_table!(fp8_entries);
 
 /// The FP8 forward kernel with head dim `hdim` writing O in `out` over `seqlen_k` keys,
-/// for K and V with block factors ([`block_n`] keys a tile) or per-head ones
-/// ([`per_head_block_n`] from [`WIDE_MIN_KEYS`] keys); `transpose_v`: for V as stored
+/// for K and V with block factors (either of them: [`block_n`] keys a tile, the
+/// per-block code) or per-head ones (both: a kernel without per-block code,
+/// [`per_head_block_n`] keys from [`WIDE_MIN_KEYS`] keys); `transpose_v`: for V as stored
 /// (`[b, s, h, d]`), transposed by the kernel.
 pub fn find(hdim: u32, out: DType, per_head_kv: bool, seqlen_k: u32, transpose_v: bool) -> Option<&'static KernelEntry> {
     let keys = if per_head_kv && seqlen_k >= WIDE_MIN_KEYS { per_head_block_n(hdim) } else { block_n(hdim) };
-    KERNELS
-        .iter()
-        .find(|k| k.hdim == hdim && k.dtype == out && k.block_n == keys && k.kind == KernelKind::ForwardFp8 { transpose_v })
+    let kind = KernelKind::ForwardFp8 { transpose_v, block_factors: !per_head_kv };
+    KERNELS.iter().find(|k| k.hdim == hdim && k.dtype == out && k.block_n == keys && k.kind == kind)
 }
 
 /// Head-dim bytes per swizzle span of a K tile, and of a V tile as stored (`[b, s, h, d]`,
@@ -354,8 +482,8 @@ pub struct QuantizeParams {
     /// e4m3 output ([`QuantizeOutput`]).
     pub dst: u64,
     pub output: QuantizeOutput,
-    /// f32 factors `[b, h, ceil(s / block_rows)]`, packed: the block's largest magnitude
-    /// (after the Hadamard transform) over [`E4M3_MAX`], 1 for an all-zero block.
+    /// f32 factors `[b, h, ceil(s / block_rows)]`, packed: [`block_factor`] of the
+    /// block's largest magnitude (after the Hadamard transform).
     pub scales: u64,
     pub batch: u32,
     pub seqlen: u32,
@@ -440,6 +568,51 @@ mod tests {
     use std::{vec, vec::Vec};
 
     #[test]
+    fn block_factors_are_the_smallest_powers_of_two_that_fit_e4m3() {
+        for amax in [1e-30f32, 0.3, 1.0, 3.5, 448.0, 449.0, 896.0, 1e6, 3.0e38] {
+            let f = block_factor(amax);
+            let n = pow2_exponent(f).expect("a power of two");
+            assert!(amax / f <= E4M3_MAX && amax / f > E4M3_MAX / 2.0, "{amax}: {f}");
+            assert_eq!(pow2(n), f);
+        }
+        assert_eq!(block_factor(0.0), 1.0);
+        // Below the smallest normal the factor stays normal (the codes are then smaller).
+        assert_eq!(block_factor(1e-44), f32::MIN_POSITIVE);
+        assert_eq!(pow2_at_least(f32::INFINITY), f32::INFINITY);
+        for x in [0.0f32, -2.0, 3.0, f32::INFINITY, f32::NAN, 1e-40] {
+            assert_eq!(pow2_exponent(x), None, "{x}");
+        }
+    }
+
+    #[test]
+    fn v_factors_ride_in_p_only_as_powers_of_two_within_the_span() {
+        let unit_at = |u: f32| {
+            let mut unit = VUnit::new();
+            // The first block sets the unit; O has nothing to convert.
+            assert_eq!(unit.enter(u), Err(0.0));
+            assert_eq!(unit.factor(), u);
+            unit
+        };
+        for (v, want) in [(0.5, Ok(0)), (0.25, Ok(-1)), (0.125, Ok(-2)), (0.0625, Err(0.5)), (1.0, Err(0.5)), (0.3, Err(0.5))] {
+            let mut unit = unit_at(0.5);
+            assert_eq!(unit.enter(v), want, "unit 0.5, factor {v}");
+            // A block outside the span becomes the unit.
+            assert_eq!(unit.factor(), if want.is_ok() { 0.5 } else { v });
+        }
+        // A unit that is not a power of two takes no block in P, not even its own factor.
+        let mut unit = unit_at(0.3);
+        assert_eq!(unit.enter(0.3), Err(0.3));
+        assert_eq!(unit.enter(0.25), Err(0.3));
+        assert_eq!(unit.enter(0.125), Ok(-1));
+        // The extremes of the exponent range.
+        let mut unit = unit_at(f32::MIN_POSITIVE * 4.0);
+        assert_eq!(unit.enter(f32::MIN_POSITIVE), Ok(-2));
+        let mut unit = unit_at(pow2(127));
+        assert_eq!(unit.enter(pow2(126)), Ok(-1));
+        assert_eq!(V_UNIT_SPAN_LOG2, 2);
+    }
+
+    #[test]
     fn vt_positions_permute_each_group_of_16_keys() {
         for group in 0..4u32 {
             let mut seen = [false; 16];
@@ -473,12 +646,16 @@ mod tests {
             for (per_head, seqlen_k, keys) in cases {
                 for (out, transpose_v) in [(DType::BF16, false), (DType::F16, false), (DType::BF16, true), (DType::F16, true)] {
                     let k = find(hdim, out, per_head, seqlen_k, transpose_v).unwrap();
-                    assert_eq!((k.block_n, k.kind), (keys, KernelKind::ForwardFp8 { transpose_v }), "hdim {hdim}");
+                    assert_eq!((k.block_n, k.kind), (keys, KernelKind::ForwardFp8 { transpose_v, block_factors: !per_head }), "hdim {hdim}");
                 }
             }
         }
         for k in KERNELS {
             assert!(k.block_n == block_n(k.hdim) || k.block_n == per_head_block_n(k.hdim), "{}", k.name);
+            // The per-block code reads K's and V's factors by the kernel's key blocks.
+            if let KernelKind::ForwardFp8 { block_factors: true, .. } = k.kind {
+                assert_eq!(k.block_n, block_n(k.hdim), "{}", k.name);
+            }
             assert_eq!(k.block_n % K_STEP, 0, "{}: P needs whole k32 steps", k.name);
         }
     }

@@ -53,7 +53,9 @@ pub enum KernelKind {
     /// The FP8 forward pass (parameters: [`FwdParams`], with its descales); the entry's
     /// `dtype` is O's. `transpose_v`: V as stored (`[b, s, h, d]`), transposed by the
     /// kernel's producer; else V transposed beforehand (`fp8::vt_position`).
-    ForwardFp8 { transpose_v: bool },
+    /// `block_factors`: K and V may have per-block factors (`fp8::VUnit`); else both have
+    /// one per (batch, head), and the kernel no per-block code.
+    ForwardFp8 { transpose_v: bool, block_factors: bool },
     /// The FP8 quantization kernel (parameters: [`fp8::QuantizeParams`]); the entry's
     /// `dtype` is the input's.
     Fp8Quantize,

@@ -30,7 +30,10 @@
 //! caller that keeps V transposed). Dequantization factors: one per (batch, head) (FlashAttention-3's
 //! `q_descale`, `k_descale`, `v_descale`, `[batch, heads_k]`), or one per block of rows
 //! of the kernel's tiles (`[batch, heads, blocks]`: 128 query rows for Q, the key block
-//! of [`common::fp8::block_n`] for K and V).
+//! of [`common::fp8::block_n`] for K and V). Any positive finite factors work; V's run
+//! fastest as powers of two within 4x of each other ([`quantize_fp8`]'s are powers of
+//! two, `common::fp8::block_factor`): the kernel then carries them in P's `exp2` offset
+//! instead of converting O before each key block's PV (`common::fp8::VUnit`).
 use crate::api::{AttnOutput, launch};
 use crate::error::{Arg, AttnError, Result};
 use crate::gpu::Gpu;
@@ -315,7 +318,8 @@ unsafe impl DeviceRepr for QuantizeBlock {}
 
 /// Quantizes a 16-bit `[batch, seqlen, heads, hdim]` tensor (hdim 64, 128 or 256; any
 /// strides with a contiguous last dim) to e4m3 with one factor per block of rows of a
-/// head (the block the FP8 kernel tiles `role` by), in one launch on `stream`.
+/// head (the block the FP8 kernel tiles `role` by), in one launch on `stream`. The
+/// factors are powers of two (`common::fp8::block_factor`).
 pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts: &QuantizeOptions) -> Result<Quantized> {
     if !Arc::ptr_eq(stream.context(), gpu.context()) {
         return Err(AttnError::ForeignStream);
@@ -705,8 +709,9 @@ mod tests {
         // One of K and V with block factors, or fewer keys than `WIDE_MIN_KEYS`: 128 keys.
         let p = plan([2, 1000, 8, 128], [2, 3000, 4, 128], [ph, ph, blocks(128, 2 * 4 * 24)], &Fp8Options::default()).unwrap();
         assert_eq!(p.kernel.block_n, 128);
+        assert_eq!(p.kernel.name, "fa3_fp8_hdim128_bf16");
         let p = plan([2, 1000, 8, 128], [2, 1000, 4, 128], [ph, ph, ph], &Fp8Options::default()).unwrap();
-        assert_eq!(p.kernel.block_n, 128);
+        assert_eq!((p.kernel.name, p.kernel.block_n), ("fa3_fp8_hdim128_bf16_headscale", 128), "per-head K and V: no per-block code");
     }
 
     #[test]
@@ -749,8 +754,8 @@ mod tests {
         };
         let p = bshd(desc(shape, Fp8Layout::Bshd)).unwrap();
         let transposed = plan(shape, shape, ok(), &Fp8Options::default()).unwrap();
-        assert_eq!(p.kernel.kind, common::KernelKind::ForwardFp8 { transpose_v: true });
-        assert_eq!(transposed.kernel.kind, common::KernelKind::ForwardFp8 { transpose_v: false });
+        assert_eq!(p.kernel.kind, common::KernelKind::ForwardFp8 { transpose_v: true, block_factors: true });
+        assert_eq!(transposed.kernel.kind, common::KernelKind::ForwardFp8 { transpose_v: false, block_factors: true });
         assert_eq!(p.kernel.block_n, transposed.kernel.block_n);
         let [_, k_map, v_map, _] = p.tma.unwrap();
         assert_eq!((v_map.dims, v_map.box_dims, v_map.swizzle), (k_map.dims, k_map.box_dims, k_map.swizzle));

@@ -71,7 +71,7 @@ common::fa3_kernel_table!(fa3_entries);
 /// The FP8 forward entry points, from `common::fp8_kernel_table`: the FA3 kernel with
 /// e4m3 operands and a 16-bit O.
 macro_rules! fp8_entries {
-    ($($name:ident => $dtype:ident, hdim $d:literal, keys $keys:literal, $v:ident;)*) => {$(
+    ($($name:ident => $dtype:ident, hdim $d:literal, keys $keys:literal, $v:ident, $f:ident;)*) => {$(
         /// FlashAttention-3 FP8 forward; launched as the FA3 forward, with the descales
         /// in `p.fp8` and V transposed (`common::fp8`), by the caller or (`rows`) by the
         /// kernel.
@@ -87,6 +87,7 @@ macro_rules! fp8_entries {
                 type Mask = fa3::mask::CausalMask;
                 type ScoreMod = fa3::mask::NoScoreMod;
                 const CONFIG: common::fa3::KernelConfig = common::fp8::config($d, $keys, common::fp8_transposes_v!($v));
+                const FP8_BLOCK_FACTORS: bool = common::fp8_block_factors!($f);
             }
             let tma = crate::kernel_param0_address!(stringify!($name));
             unsafe { fa3::fwd::<Traits>(tma, p) }

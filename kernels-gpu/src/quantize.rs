@@ -9,7 +9,7 @@
 //! operation, so both give the same codes.
 use crate::element::Element;
 use crate::ptx::{barrier, global, math, smem, sreg};
-use common::fp8::{E4M3_MAX, QUANTIZE_THREADS, QuantizeOutput, QuantizeParams, vt_len, vt_position};
+use common::fp8::{QUANTIZE_THREADS, QuantizeOutput, QuantizeParams, block_factor, vt_len, vt_position};
 
 /// One row's `PER_LANE` elements of this lane (`lane * PER_LANE ..`), transformed when
 /// `signs != 0`.
@@ -91,7 +91,9 @@ pub unsafe fn quantize<E: Element, const HDIM: u32, const PER_LANE: usize>(p: Qu
         // SAFETY: as above.
         amax = math::fmax(amax, f32::from_bits(unsafe { smem::ld_u32(partials.add(4 * w)) }));
     }
-    let scale = if amax > 0.0 { amax / E4M3_MAX } else { 1.0 };
+    let scale = block_factor(amax);
+    // Exact: the factor is a power of two.
+    let inv = 1.0 / scale;
     if sreg::thread_idx_x() == 0 {
         let blocks = p.seqlen.div_ceil(p.block_rows.max(1)) as u64;
         // SAFETY: `[batch, heads, blocks]` host-sized factors.
@@ -117,7 +119,7 @@ pub unsafe fn quantize<E: Element, const HDIM: u32, const PER_LANE: usize>(p: Qu
         };
         let mut codes = [0u32; PER_LANE];
         for q in 0..PER_LANE / 2 {
-            codes[q] = math::pack_e4m3x4([x[2 * q] / scale, x[2 * q + 1] / scale, 0.0, 0.0]);
+            codes[q] = math::pack_e4m3x4([x[2 * q] * inv, x[2 * q + 1] * inv, 0.0, 0.0]);
         }
         let col0 = (lane as usize * PER_LANE) as u64;
         if transposed {

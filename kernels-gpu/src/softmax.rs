@@ -18,6 +18,20 @@ use core::f32::consts::LOG2_E;
 /// An n-tile of the C fragment: `[c0, c1, c2, c3]` = row g cols 2t,2t+1; row g+8 cols 2t,2t+1.
 pub type Frag = [f32; 4];
 
+/// What a block's probabilities are multiplied by: `2^p_log2` as they enter the PV GEMM,
+/// and `sum` more as they join the row sums (so that the sums take `2^p_log2 · sum`).
+/// The 16-bit kernels use [`Weight::ONE`], which folds away; the FP8 forward moves P into
+/// e4m3's normal range and carries per-block V factors in it (`crate::fa3::descale`).
+#[derive(Clone, Copy)]
+pub struct Weight {
+    pub p_log2: f32,
+    pub sum: f32,
+}
+
+impl Weight {
+    pub const ONE: Weight = Weight { p_log2: 0.0, sum: 1.0 };
+}
+
 /// Per-lane running statistics of its two rows.
 #[derive(Clone, Copy)]
 pub struct OnlineSoftmax {
@@ -63,15 +77,15 @@ impl OnlineSoftmax {
     /// accumulator stays as it is.
     #[inline(always)]
     pub fn update<const NT: usize>(&mut self, s: &mut [Frag; NT], scale_log2: f32) -> Option<[f32; 2]> {
-        self.update_offset(s, scale_log2, 1.0, None, 0.0, LAZY_RESCALE)
+        self.update_offset(s, scale_log2, 1.0, None, Weight::ONE, LAZY_RESCALE)
     }
 
     /// [`Self::update`] for the scores `s · s_factor` (`s_factor > 0`: the block's
     /// maxima are the raw ones times it, and it joins the `exp2` argument's scale, so it
     /// costs per row, not per score: FP8's per-block K factors), with the probabilities
-    /// (and so the row sums) times `2^offset_log2`: `exp2((s·s_factor - max) * scale_log2
-    /// + offset_log2)`, one FMA as before (the FP8 forward's P, moved into e4m3's normal
-    /// range), and lazy rescaling only when `lazy` (the FP8 forward keeps the exact max:
+    /// times `2^weight.p_log2`: `exp2((s·s_factor - max) * scale_log2 + p_log2)`, one FMA
+    /// as before (the FP8 forward's P, moved into e4m3's normal range), their row sums
+    /// times `weight.sum` more, and lazy rescaling only when `lazy` (the FP8 forward keeps the exact max:
     /// with e4m3's 3 mantissa bits, a row's largest weight rounded away from a power of
     /// two costs up to 6%). The 16-bit kernels pass 1 and 0, which fold away.
     /// `row_bias`: an amount added to each of this lane's scores of a row (after
@@ -84,7 +98,7 @@ impl OnlineSoftmax {
         scale_log2: f32,
         s_factor: f32,
         row_bias: Option<[f32; 2]>,
-        offset_log2: f32,
+        weight: Weight,
         lazy: bool,
     ) -> Option<[f32; 2]> {
         let mut m = self.row_max;
@@ -120,7 +134,7 @@ impl OnlineSoftmax {
         };
         let step_scale = scale_log2 * s_factor;
         for r in 0..2 {
-            let m_scaled = scaled_max(self.row_max[r], scale_log2) - offset_log2;
+            let m_scaled = scaled_max(self.row_max[r], scale_log2) - weight.p_log2;
             let m_scaled = row_bias.map_or(m_scaled, |b| fma(-b[r], scale_log2, m_scaled));
             let mut sum = 0.0f32;
             for f in s.iter_mut() {
@@ -130,7 +144,7 @@ impl OnlineSoftmax {
                     sum += p;
                 }
             }
-            self.row_sum[r] += sum;
+            self.row_sum[r] += sum * weight.sum;
         }
         alpha
     }

@@ -1,6 +1,7 @@
 //! The FP8 references on the CPU: e4m3 rounding, quantization by groups, incoherent
 //! processing, and the paper's accuracy experiment on a small case.
 use flash_attn3::reference::fp8::{E4M3_MAX, Granularity, Hadamard, attention_fp8_lowp, fp8_accuracy, outlier_tensor, quantize, rmse, round_e4m3};
+use flash_attn3::check::O_SLACK;
 use flash_attn3::reference::{HostTensor, Problem, attention_f64, rng};
 use flash_attn3::DType;
 use rand::Rng;
@@ -39,7 +40,13 @@ fn quantized_groups_keep_their_largest_value_and_e4m3_precision() {
         assert!(q.scales.iter().all(|s| s.is_finite() && *s > 0.0));
         let amax = t.data.iter().fold(0f32, |m, x| m.max(x.abs()));
         let qmax = q.values.data.iter().fold(0f32, |m, x| m.max(x.abs()));
-        assert!((qmax - amax).abs() <= amax * 1e-6, "{g:?}: the largest value survives ({qmax} vs {amax})");
+        if g == Granularity::PerTensor || g == Granularity::PerHead {
+            assert!((qmax - amax).abs() <= amax * 1e-6, "{g:?}: the largest value survives ({qmax} vs {amax})");
+        } else {
+            // Powers of two: a block's largest magnitude lands in (224, 448], rounded.
+            assert!(q.scales.iter().all(|s| common::fp8::pow2_exponent(*s).is_some()), "{g:?}: {:?}", q.scales);
+            assert!((qmax - amax).abs() <= amax / 16.0, "{g:?}: the largest value within e4m3's step ({qmax} vs {amax})");
+        }
         let scale_max = q.scales.iter().cloned().fold(0f32, f32::max);
         for (&x, &y) in t.data.iter().zip(&q.values.data) {
             // Normal range: relative error up to 2^-4; subnormal: half a step of 2^-9.
@@ -105,6 +112,49 @@ fn fp8_reference_is_attention_up_to_rounding() {
         assert!(rmse(&got.o, &exact.o) < 0.02, "causal {causal}: {}", rmse(&got.o, &exact.o));
         for (g, w) in got.lse.iter().zip(&exact.lse) {
             assert!((*g as f64 - w).abs() < 1e-4, "causal {causal}: LSE {g} vs {w}");
+        }
+    }
+}
+
+/// V's per-block factors carried in P's `exp2` offset relative to O's unit (the FP8
+/// kernel's scheme, `common::fp8::VUnit`) keep the 2x error rule against the naive
+/// low-precision attention, with V's blocks spread over 2^10 in magnitude: falling and
+/// rising along the keys, alternating, and at
+/// random; causal or not, a ragged last block. (The kernel visits the keys last to
+/// first: falling factors move the unit up at every block, rising ones keep it while
+/// they are within its span.) Powers of two shift P exactly, so above e4m3's subnormals
+/// the rounding is the naive one's.
+#[test]
+fn v_block_factors_in_o_units_keep_the_error_budget() {
+    use flash_attn3::reference::fp8::attention_fp8_v_unit;
+    use flash_attn3::reference::{max_abs_err, within_budget};
+    let mut r = rng(6);
+    let (bn, d): (usize, usize) = (128, 64);
+    let (qs, ks) = ([1, 48, 2, d], [1, 1000, 1, d]);
+    let blocks = ks[1].div_ceil(bn);
+    let patterns: [(&str, Vec<i32>); 4] = [
+        ("falling", (0..blocks as i32).map(|j| -j.min(10)).collect()),
+        ("rising", (0..blocks as i32).map(|j| j.min(10) - 10).collect()),
+        ("alternating", (0..blocks as i32).map(|j| if j % 2 == 0 { 0 } else { -7 }).collect()),
+        ("random", (0..blocks).map(|_| r.random_range(-10..=0)).collect()),
+    ];
+    let q = quantize(&outlier_tensor(qs, 1e-3, 10.0, &mut r), Granularity::PerHead).values;
+    let k = quantize(&outlier_tensor(ks, 1e-3, 10.0, &mut r), Granularity::PerHead).values;
+    for (name, exps) in patterns {
+        let mut v = outlier_tensor(ks, 1e-3, 10.0, &mut r);
+        for (j, row) in v.data.chunks_mut(d).enumerate() {
+            let f = 2f32.powi(exps[j / bn]);
+            row.iter_mut().for_each(|x| *x *= f);
+        }
+        let v = quantize(&v, Granularity::Blocks { rows: bn });
+        for causal in [false, true] {
+            let p = Problem::plain(&q, &k, &v.values, causal, 1.0 / (d as f32).sqrt());
+            let exact = attention_f64(&p);
+            let (naive, unit) = (attention_fp8_lowp(&p, DType::BF16), attention_fp8_v_unit(&p, &v.scales, bn, DType::BF16));
+            let (e_unit, e_naive) = (max_abs_err(&unit.o, &exact.o), max_abs_err(&naive.o, &exact.o));
+            println!("{name} causal {causal}: O err {e_unit:.3e} (naive {e_naive:.3e})");
+            assert!(within_budget(e_unit, e_naive, O_SLACK), "{name} causal {causal}: {e_unit:.3e} against naive {e_naive:.3e}");
+            assert_eq!(unit.lse, naive.lse, "the unit leaves the row sums alone");
         }
     }
 }

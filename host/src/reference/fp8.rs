@@ -5,7 +5,9 @@
 //! accuracy experiment (FlashAttention-3, section 4.3) on the host.
 //!
 //! Scales are dequantization factors: a tensor's value is `e4m3 code × scale`, with the
-//! group's largest magnitude mapped to e4m3's largest finite value, 448.
+//! group's largest magnitude mapped to e4m3's largest finite value, 448 (per tensor, per
+//! head), or, for blocks of rows, the smallest power of two that maps it at most there
+//! (`common::fp8::block_factor`, as the quantization kernel).
 use super::{AttnResult, HostTensor, Problem, for_each_row};
 use crate::tensor::round_to;
 use common::DType;
@@ -40,7 +42,8 @@ pub enum Granularity {
     /// One per (batch, head) of the tensor (FlashAttention-3's descales, for K and V).
     PerHead,
     /// One per (batch, head, block of `rows` sequence positions): the paper's block
-    /// quantization, with the blocks the kernel's tiles (query rows for Q, keys for K, V).
+    /// quantization, with the blocks the kernel's tiles (query rows for Q, keys for K, V);
+    /// powers of two.
     Blocks {
         /// Sequence positions per block.
         rows: usize,
@@ -80,7 +83,11 @@ pub fn quantize(t: &HostTensor, g: Granularity) -> Quantized {
             }
         }
     }
-    let scales: Vec<f32> = amax.iter().map(|&a| if a > 0.0 { a / E4M3_MAX } else { 1.0 }).collect();
+    let scales: Vec<f32> = match g {
+        // The quantization kernel's factors: powers of two.
+        Granularity::Blocks { .. } => amax.iter().map(|&a| common::fp8::block_factor(a)).collect(),
+        _ => amax.iter().map(|&a| if a > 0.0 { a / E4M3_MAX } else { 1.0 }).collect(),
+    };
     let mut values = t.clone();
     for bi in 0..b {
         for si in 0..s {
@@ -205,6 +212,56 @@ fn attention_fp8_with(p: &Problem<'_>, out_dtype: DType, score_dtype: Option<DTy
         }
         for oc in o.iter_mut() {
             *oc = round_to(out_dtype, *oc / sum);
+        }
+        m + (sum / P_FACTOR).ln()
+    })
+}
+
+/// [`attention_fp8_lowp`] with V's per-block factors carried as the FP8 kernel carries
+/// them (`common::fp8::VUnit`): O accumulated in a unit (a V factor); a key
+/// block's `P · 2^8`, times `2^shift` when its factor rides in P's offset, rounded to
+/// e4m3 and multiplied by V's e4m3 values; O converted when the unit moves; blocks of
+/// `block_n` keys visited last to first, as the kernel's steps visit them. `v_scales`:
+/// `[batch, heads_k, blocks]`, the factors `p.v`'s values were quantized with. The row
+/// maxima are the rows' own (the kernel's running maxima round P at other points, not
+/// with other precision): this isolates what the unit costs.
+pub fn attention_fp8_v_unit(p: &Problem<'_>, v_scales: &[f32], block_n: usize, out_dtype: DType) -> AttnResult<f32> {
+    let (_, _, sk, hq, hk, _) = p.dims();
+    let blocks = sk.div_ceil(block_n);
+    assert_eq!(v_scales.len(), p.v.shape[0] * hk * blocks, "one factor per (batch, K/V head, key block)");
+    assert!(p.sinks.is_none(), "the FP8 reference has no sinks");
+    for_each_row(p, |b, h, i, o| {
+        let hkv = h / (hq / hk);
+        let keys = p.visible_range(b, i);
+        if keys.is_empty() {
+            return f32::INFINITY;
+        }
+        let s = p.logits_f32(b, h, i, keys.clone());
+        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = s.iter().map(|&x| (x - m).exp() * P_FACTOR).collect();
+        let sum: f32 = e.iter().sum();
+        let mut unit = common::fp8::VUnit::new();
+        for blk in (keys.start / block_n..keys.end.div_ceil(block_n)).rev() {
+            let factor = v_scales[(b * hk + hkv) * blocks + blk];
+            let w = match unit.enter(factor) {
+                Ok(shift) => common::fp8::pow2(shift),
+                Err(old) => {
+                    if old != 0.0 {
+                        o.iter_mut().for_each(|x| *x *= old / factor);
+                    }
+                    1.0
+                }
+            };
+            for j in (blk * block_n).max(keys.start)..((blk + 1) * block_n).min(keys.end) {
+                let pj = round_e4m3(e[j - keys.start] * w);
+                for (oc, &vc) in o.iter_mut().zip(p.v.row(b, j, hkv)) {
+                    *oc += pj * (vc / factor);
+                }
+            }
+        }
+        let out = unit.factor() / sum;
+        for oc in o.iter_mut() {
+            *oc = round_to(out_dtype, *oc * out);
         }
         m + (sum / P_FACTOR).ln()
     })

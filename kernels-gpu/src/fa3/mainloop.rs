@@ -14,7 +14,7 @@
 //! make the warpgroups take turns issuing their GEMMs, so one's softmax runs while the
 //! other's GEMMs do.
 use super::barriers::NamedBarrier;
-use super::descale::{self, VUnit};
+use super::descale::{self, BlockFactorRows, BlockFactors, VUnit};
 use super::gemm;
 use super::mask::{Mask, ScoreMod};
 use super::pipeline::{PipelineState, TmaPipeline};
@@ -26,7 +26,7 @@ use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::SmemAddr;
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{math, mma};
-use crate::softmax::OnlineSoftmax;
+use crate::softmax::{OnlineSoftmax, Weight};
 use common::FwdParams;
 use common::fa3::KV_STAGES;
 use common::gmma::{desc_add, sw128_offset};
@@ -228,9 +228,10 @@ impl<K: KernelTraits> Steps<'_, K> {
     /// Score modification, mask and the softmax of step `i` (key block `top - 1 - i`);
     /// returns the factor O must be rescaled by, if any. The mask runs when `MASKED` (a
     /// step of a masked loop) and `needs_mask` (a run-time check, for kernels whose
-    /// masked and unmasked steps share one loop; `true` elsewhere).
+    /// masked and unmasked steps share one loop; `true` elsewhere). FP8 only: `k_factor`
+    /// scales the block's scores, `weight` its probabilities.
     #[inline(always)]
-    fn softmax<const MASKED: bool>(&self, s: &mut K::Scores, sm: &mut OnlineSoftmax, i: u32, needs_mask: bool) -> Option<[f32; 2]> {
+    fn softmax<const MASKED: bool>(&self, s: &mut K::Scores, sm: &mut OnlineSoftmax, i: u32, needs_mask: bool, k_factor: f32, weight: Weight) -> Option<[f32; 2]> {
         let block = if K::Mask::SPARSE { self.tile.key_block::<K>(self.p, i) } else { self.top - 1 - i };
         let col_2t = (block * K::BLOCK_N) as i32 + self.col_2t;
         let row_bias = self.score_mod.apply(s, self.row_g, col_2t);
@@ -240,10 +241,9 @@ impl<K: KernelTraits> Steps<'_, K> {
         if K::FP8 {
             // K's per-block factor scales this block's scores (1 with per-head factors,
             // which are in `scale_log2`).
-            let k = descale::k_block(self.p, self.tile, self.top - 1 - i).unwrap_or(1.0);
-            return s.softmax_update(sm, self.scale_log2, k, row_bias, common::fp8::P_EXP2_OFFSET, false);
+            return s.softmax_update(sm, self.scale_log2, k_factor, row_bias, weight, false);
         }
-        s.softmax_update(sm, self.p.scale_log2, 1.0, row_bias, 0.0, crate::softmax::LAZY_RESCALE)
+        s.softmax_update(sm, self.p.scale_log2, 1.0, row_bias, Weight::ONE, crate::softmax::LAZY_RESCALE)
     }
 }
 
@@ -295,22 +295,26 @@ struct Mainloop<'a, K: KernelTraits> {
     rings: Rings<'a, K>,
     regs: Registers<K>,
     softmax: OnlineSoftmax,
-    /// FP8: O's V factor.
+    /// FP8: O's V unit, and where the tile's per-block factors are.
     v_unit: VUnit,
+    factor_rows: BlockFactorRows,
 }
 
 impl<K: KernelTraits> Mainloop<'_, K> {
-    /// A GEMM turn of QK_i alone, waited for; K_i's slot released.
+    /// A GEMM turn of QK_i alone, waited for; K_i's slot released. Returns step i's FP8
+    /// block factors, loaded under the GEMM.
     #[inline(always)]
-    fn qk_turn(&mut self, i: u32) {
+    fn qk_turn(&mut self, i: u32) -> BlockFactors {
         self.ops.k.consumer_wait(*self.rings.k_state);
         self.pingpong.begin();
         self.regs.fence_operands();
         let k_desc = self.ops.k_desc::<K>(*self.rings.k_state);
         gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, self.ops.q_desc, k_desc));
+        let factors = self.block_factors(i);
         self.pingpong.end();
         gemm::wait::<0>(&mut self.regs.s);
         self.rings.release_k(i);
+        factors
     }
 
     /// Step `i` of the overlapped loop, one GEMM turn: QK_i and PV_{i-1} (O rescaled by
@@ -325,7 +329,8 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         self.regs.fence_operands();
         let k_desc = ops.k_desc::<K>(*self.rings.k_state);
         gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, ops.q_desc, k_desc));
-        let alpha = self.before_pv(i - 1, alpha);
+        let factors = self.block_factors(i);
+        let alpha = self.before_pv(alpha);
         self.regs.o.rescale(alpha);
         self.regs.o.fence_operand();
         // Waited for after O's fence: a spin loop between `wgmma.fence` and the wgmma
@@ -337,7 +342,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         // S_i landed; PV_{i-1} may still run while the softmax does.
         gemm::wait::<1>(&mut self.regs.s);
         self.rings.release_k(i);
-        let alpha = self.steps.softmax::<MASKED>(&mut self.regs.s, &mut self.softmax, i, needs_mask);
+        let alpha = self.softmax::<MASKED>(i, needs_mask, factors);
         gemm::wait::<0>(&mut self.regs.o);
         // P_i may only overwrite the A registers once PV_{i-1} has read them.
         self.regs.s.fence_operand();
@@ -346,11 +351,24 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         alpha
     }
 
-    /// O's factor before the PV of step `i`: the softmax's `alpha`, with FP8's per-block
-    /// V factors folded in.
+    /// FP8: step `i`'s key block factors (to be loaded while its QK GEMM runs).
     #[inline(always)]
-    fn before_pv(&mut self, i: u32, alpha: Option<[f32; 2]>) -> Option<[f32; 2]> {
-        if K::FP8 { self.v_unit.before_pv(self.steps.p, self.rings.tile, self.steps.top - 1 - i, alpha) } else { alpha }
+    fn block_factors(&self, i: u32) -> BlockFactors {
+        if K::FP8 { self.factor_rows.load::<K>(self.steps.top - 1 - i) } else { BlockFactors::NONE }
+    }
+
+    /// The softmax of step `i` ([`Steps::softmax`]), with FP8's factors of its key block.
+    #[inline(always)]
+    fn softmax<const MASKED: bool>(&mut self, i: u32, needs_mask: bool, factors: BlockFactors) -> Option<[f32; 2]> {
+        let weight = if K::FP8 { self.v_unit.enter::<K>(self.steps.p, factors.v) } else { Weight::ONE };
+        self.steps.softmax::<MASKED>(&mut self.regs.s, &mut self.softmax, i, needs_mask, factors.k, weight)
+    }
+
+    /// O's factor before the PV of the last softmax's step: the softmax's `alpha`, with
+    /// FP8's conversion of O to a new V unit folded in.
+    #[inline(always)]
+    fn before_pv(&mut self, alpha: Option<[f32; 2]>) -> Option<[f32; 2]> {
+        if K::FP8 { self.v_unit.before_pv(alpha) } else { alpha }
     }
 
     /// The last GEMM turn of the overlapped loop: PV of the last step, after O's rescale.
@@ -358,7 +376,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
     fn last_pv(&mut self, n: u32, alpha: Option<[f32; 2]>) {
         self.ops.v.consumer_wait(*self.rings.v_state);
         self.pingpong.begin();
-        let alpha = self.before_pv(n - 1, alpha);
+        let alpha = self.before_pv(alpha);
         self.regs.o.rescale(alpha);
         self.regs.fence_operands();
         let v_desc = self.ops.v_desc::<K>(*self.rings.v_state);
@@ -372,7 +390,8 @@ impl<K: KernelTraits> Mainloop<'_, K> {
     /// Step `i` without overlap: softmax, PV_i, serially.
     #[inline(always)]
     fn serial_step<const MASKED: bool>(&mut self, i: u32) {
-        let alpha = self.steps.softmax::<MASKED>(&mut self.regs.s, &mut self.softmax, i, true);
+        // Never FP8 (`run` asserts it): no block factors.
+        let alpha = self.softmax::<MASKED>(i, true, BlockFactors::NONE);
         self.regs.o.rescale(alpha);
         self.regs.p = K::Element::to_probs(&self.regs.s);
         self.ops.v.consumer_wait(*self.rings.v_state);
@@ -431,6 +450,7 @@ pub fn run<K: KernelTraits>(
         regs: Registers { s: K::Scores::zeroed(), o: K::Out::zeroed(), p: ProbTile::zeroed() },
         softmax: OnlineSoftmax::new(),
         v_unit: VUnit::new(),
+        factor_rows: BlockFactorRows::new::<K>(p, tile),
     };
     // The FP8 kernels' per-block V factors are folded in by the overlapped loop only.
     const { assert!(!K::FP8 || K::OVERLAP) };
@@ -461,11 +481,11 @@ pub fn run<K: KernelTraits>(
 
     if K::OVERLAP {
         // n - first + 1 GEMM turns: QK_first; (QK_i, PV_{i-1}) for i in first+1..n; PV_{n-1}.
-        ml.qk_turn(first);
+        let factors = ml.qk_turn(first);
         // O is still zero: the first step's factor is not needed. It is masked or not by
         // a (warp-uniform) branch, not a loop of its own.
         let first_masked = first < unmasked_from || (K::Mask::LOCAL && first >= masked_from);
-        ml.steps.softmax::<true>(&mut ml.regs.s, &mut ml.softmax, first, first_masked);
+        ml.softmax::<true>(first, first_masked, factors);
         ml.regs.p = K::Element::to_probs(&ml.regs.s);
         let mut alpha = None;
         if K::SEPARATE_MASKED_LOOP {
@@ -487,7 +507,7 @@ pub fn run<K: KernelTraits>(
         }
         ml.last_pv(n, alpha);
         if K::FP8 {
-            let v = ml.v_unit.output(p, tile);
+            let v = ml.v_unit.output::<K>(p, tile);
             ml.regs.o.rescale(Some([v, v]));
         }
     } else {

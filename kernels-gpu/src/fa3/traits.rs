@@ -8,7 +8,7 @@ use crate::element::{Element, Operand, a_fragment};
 use crate::ptx::math::pack_e4m3x4;
 use crate::ptx::regs::RegisterCount;
 use crate::ptx::wgmma::{WgmmaAcc, fence_a_operand};
-use crate::softmax::{Frag, OnlineSoftmax, mask_columns, mask_columns_outside};
+use crate::softmax::{Frag, OnlineSoftmax, Weight, mask_columns, mask_columns_outside};
 use common::fa3::{KernelConfig, SmemLayout};
 use common::gmma::{k_major_k_step, k_major_sw64, k_major_sw128, sw128_rows};
 use core::marker::PhantomData;
@@ -71,6 +71,9 @@ pub trait KernelTraits: Copy + 'static {
     const CHUNKS: u32 = Self::HDIM / 64;
     /// e4m3 operands (`common::fp8`): descales, P offset into e4m3's range, V transposed.
     const FP8: bool = Self::CONFIG.fp8;
+    /// FP8 with per-block K and V factors (the table's `blocks` kernels, whose key tile
+    /// is the factors' block); the per-head kernels have no code for them.
+    const FP8_BLOCK_FACTORS: bool = false;
     /// FP8 with V as stored: the producer warpgroup transposes each V tile
     /// (`super::transpose`).
     const TRANSPOSE_V: bool = Self::CONFIG.transpose_v;
@@ -130,8 +133,8 @@ pub trait FragTile: Copy {
     fn mask_columns_outside(&mut self, col_2t: i32, first: [i32; 2], end: [i32; 2]);
     /// Folds the tile, times `s_factor`, plus `row_bias` per row, into the running
     /// statistics (see [`OnlineSoftmax::update_offset`]); the probabilities come out times
-    /// `2^offset_log2`.
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, row_bias: Option<[f32; 2]>, offset_log2: f32, lazy: bool) -> Option<[f32; 2]>;
+    /// `2^weight.p_log2`.
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, row_bias: Option<[f32; 2]>, weight: Weight, lazy: bool) -> Option<[f32; 2]>;
 }
 
 impl<const N: usize> FragTile for [Frag; N] {
@@ -161,8 +164,8 @@ impl<const N: usize> FragTile for [Frag; N] {
         mask_columns_outside(self, col_2t, first, end)
     }
     #[inline(always)]
-    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, row_bias: Option<[f32; 2]>, offset_log2: f32, lazy: bool) -> Option<[f32; 2]> {
-        softmax.update_offset(self, scale_log2, s_factor, row_bias, offset_log2, lazy)
+    fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, row_bias: Option<[f32; 2]>, weight: Weight, lazy: bool) -> Option<[f32; 2]> {
+        softmax.update_offset(self, scale_log2, s_factor, row_bias, weight, lazy)
     }
 }
 
