@@ -186,34 +186,14 @@ pub fn attention_fp8_naive(p: &Problem<'_>, out_dtype: DType) -> AttnResult<f32>
 }
 
 fn attention_fp8_with(p: &Problem<'_>, out_dtype: DType, score_dtype: Option<DType>) -> AttnResult<f32> {
-    let (_, _, _, hq, hk, _) = p.dims();
-    assert!(p.sinks.is_none(), "the FP8 reference has no sinks");
-    for_each_row(p, |b, h, i, o| {
-        let hkv = h / (hq / hk);
-        let keys = p.visible_range(b, i);
-        if keys.is_empty() {
-            return f32::INFINITY;
-        }
-        let mut s = p.logits_f32(b, h, i, keys.clone());
-        if let Some(dt) = score_dtype {
-            // The matmul's output (the scale applied after it, in f32).
-            for x in s.iter_mut() {
-                *x = round_to(dt, *x / p.scale) * p.scale;
-            }
-        }
-        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = s.iter().map(|&x| (x - m).exp() * P_FACTOR).collect();
-        let sum: f32 = e.iter().sum();
-        for (j, &ej) in keys.zip(&e) {
+    attention_fp8_rows(p, out_dtype, score_dtype, |b, hkv, keys, e, o| {
+        for (j, &ej) in keys.zip(e) {
             let w = round_e4m3(ej);
             for (oc, &vc) in o.iter_mut().zip(p.v.row(b, j, hkv)) {
                 *oc += w * vc;
             }
         }
-        for oc in o.iter_mut() {
-            *oc = round_to(out_dtype, *oc / sum);
-        }
-        m + (sum / P_FACTOR).ln()
+        1.0
     })
 }
 
@@ -226,20 +206,10 @@ fn attention_fp8_with(p: &Problem<'_>, out_dtype: DType, score_dtype: Option<DTy
 /// maxima are the rows' own (the kernel's running maxima round P at other points, not
 /// with other precision): this isolates what the unit costs.
 pub fn attention_fp8_v_unit(p: &Problem<'_>, v_scales: &[f32], block_n: usize, out_dtype: DType) -> AttnResult<f32> {
-    let (_, _, sk, hq, hk, _) = p.dims();
+    let (_, _, sk, _, hk, _) = p.dims();
     let blocks = sk.div_ceil(block_n);
     assert_eq!(v_scales.len(), p.v.shape[0] * hk * blocks, "one factor per (batch, K/V head, key block)");
-    assert!(p.sinks.is_none(), "the FP8 reference has no sinks");
-    for_each_row(p, |b, h, i, o| {
-        let hkv = h / (hq / hk);
-        let keys = p.visible_range(b, i);
-        if keys.is_empty() {
-            return f32::INFINITY;
-        }
-        let s = p.logits_f32(b, h, i, keys.clone());
-        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = s.iter().map(|&x| (x - m).exp() * P_FACTOR).collect();
-        let sum: f32 = e.iter().sum();
+    attention_fp8_rows(p, out_dtype, None, |b, hkv, keys, e, o| {
         let mut unit = common::fp8::VUnit::new();
         for blk in (keys.start / block_n..keys.end.div_ceil(block_n)).rev() {
             let factor = v_scales[(b * hk + hkv) * blocks + blk];
@@ -259,9 +229,40 @@ pub fn attention_fp8_v_unit(p: &Problem<'_>, v_scales: &[f32], block_n: usize, o
                 }
             }
         }
-        let out = unit.factor() / sum;
+        unit.factor()
+    })
+}
+
+/// FP8 attention row by row: f32 scores (rounded to `score_dtype` as a matmul's output),
+/// `P · 2^8` from the row's maximum, `pv` accumulating O (zeroed) from the row's keys, their
+/// `P · 2^8` and V, and returning the factor O then takes; O divided by the row sum and
+/// rounded to `out_dtype`.
+fn attention_fp8_rows(
+    p: &Problem<'_>,
+    out_dtype: DType,
+    score_dtype: Option<DType>,
+    pv: impl Fn(usize, usize, std::ops::Range<usize>, &[f32], &mut [f32]) -> f32 + Sync,
+) -> AttnResult<f32> {
+    let (_, _, _, hq, hk, _) = p.dims();
+    assert!(p.sinks.is_none(), "the FP8 reference has no sinks");
+    for_each_row(p, |b, h, i, o| {
+        let keys = p.visible_range(b, i);
+        if keys.is_empty() {
+            return f32::INFINITY;
+        }
+        let mut s = p.logits_f32(b, h, i, keys.clone());
+        if let Some(dt) = score_dtype {
+            // The matmul's output (the scale applied after it, in f32).
+            for x in s.iter_mut() {
+                *x = round_to(dt, *x / p.scale) * p.scale;
+            }
+        }
+        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = s.iter().map(|&x| (x - m).exp() * P_FACTOR).collect();
+        let sum: f32 = e.iter().sum();
+        let factor = pv(b, h / (hq / hk), keys, &e, o);
         for oc in o.iter_mut() {
-            *oc = round_to(out_dtype, *oc * out);
+            *oc = round_to(out_dtype, *oc * factor / sum);
         }
         m + (sum / P_FACTOR).ln()
     })
