@@ -179,6 +179,9 @@ pub struct KernelConfig {
     /// FP8 only: V comes as stored (`[b, s, h, d]`, loaded as K is) and the producer
     /// warpgroup transposes each tile in shared memory (`crate::fp8::transpose_op`).
     pub transpose_v: bool,
+    /// FP8 only: K and V may have per-block factors (`crate::fp8::VUnit`); else one per
+    /// (batch, head) each, and the kernel has no per-block code.
+    pub fp8_block_factors: bool,
 }
 
 impl KernelConfig {
@@ -307,9 +310,9 @@ pub const fn key_block_of(hdim: u32, seqlen_k: u32, score_mod: crate::ScoreModKi
 /// The configuration of an FA3 forward kernel of the table (`None` for FA2 and backward
 /// kernels).
 pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
-    let (fp8, transpose_v) = match k.kind {
-        crate::KernelKind::Forward => (false, false),
-        crate::KernelKind::ForwardFp8 { transpose_v, .. } => (true, transpose_v),
+    let (fp8, transpose_v, fp8_block_factors) = match k.kind {
+        crate::KernelKind::Forward => (false, false, false),
+        crate::KernelKind::ForwardFp8 { transpose_v, block_factors } => (true, transpose_v, block_factors),
         _ => return None,
     };
     match k.algo {
@@ -321,6 +324,7 @@ pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
             techniques,
             fp8,
             transpose_v,
+            fp8_block_factors,
         }),
         Algo::Fa2 => None,
     }
@@ -560,7 +564,7 @@ macro_rules! fa3_kernel_table {
 macro_rules! fa3_entries {
     ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {
         &[$({
-            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech, fp8: false, transpose_v: false };
+            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech, fp8: false, transpose_v: false, fp8_block_factors: false };
             KernelEntry {
                 name: stringify!($name),
                 algo: Algo::Fa3(Techniques::$tech),

@@ -60,7 +60,8 @@ pub const E4M3_MAX: f32 = 448.0;
 
 /// The probabilities enter the PV GEMM as `P · 2^P_EXP2_OFFSET` (at most 256), in e4m3's
 /// range instead of its subnormals, as FlashAttention-3 does. The FP8 kernels keep each
-/// row's exact running max (no lazy rescaling), so a row's largest weight is exactly 256.
+/// row's exact running max (no lazy rescaling), so a row's largest weight is exactly 256
+/// (64 to 256 in a block whose V factor rides in P: [`VUnit`]).
 /// The row sums carry the same factor, which cancels in O; the LSE takes it out.
 pub const P_EXP2_OFFSET: f32 = 8.0;
 
@@ -75,8 +76,8 @@ pub fn block_factor(amax: f32) -> f32 {
     if amax > 0.0 { pow2_at_least(amax / E4M3_MAX) } else { 1.0 }
 }
 
-/// The smallest power of two at or above `x > 0` (the smallest normal below it; `+inf`
-/// stays).
+/// The smallest power of two at or above `x > 0` (2^-126 for any `x` up to it; `+inf`
+/// stays, and so does anything above 2^127).
 #[inline(always)]
 pub fn pow2_at_least(x: f32) -> f32 {
     let (bits, exp) = (x.to_bits(), x.to_bits() >> 23);
@@ -290,7 +291,7 @@ macro_rules! fp8_transposes_v {
 }
 
 /// The kernel configuration of an FP8 forward entry.
-pub const fn config(hdim: u32, block_n: u32, transpose_v: bool) -> KernelConfig {
+pub const fn config(hdim: u32, block_n: u32, transpose_v: bool, block_factors: bool) -> KernelConfig {
     KernelConfig {
         hdim,
         consumer_wgs: block_m(hdim) / 64,
@@ -299,6 +300,7 @@ pub const fn config(hdim: u32, block_n: u32, transpose_v: bool) -> KernelConfig 
         techniques: Techniques::FULL,
         fp8: true,
         transpose_v,
+        fp8_block_factors: block_factors,
     }
 }
 
@@ -311,7 +313,7 @@ macro_rules! fp8_entries {
             hdim: $hdim,
             dtype: DType::$dtype,
             tma_param_bytes: TMA_PARAM_BYTES,
-            launch_bounds: config($hdim, $keys, $crate::fp8_transposes_v!($v)).threads(),
+            launch_bounds: config($hdim, $keys, $crate::fp8_transposes_v!($v), $crate::fp8_block_factors!($f)).threads(),
             cluster: 1,
             consumer_wgs: block_m($hdim) / 64,
             block_n: $keys,
@@ -586,6 +588,8 @@ mod tests {
 
     #[test]
     fn v_factors_ride_in_p_only_as_powers_of_two_within_the_span() {
+        // The cases assume a 2-bit span.
+        assert_eq!(V_UNIT_SPAN_LOG2, 2);
         let unit_at = |u: f32| {
             let mut unit = VUnit::new();
             // The first block sets the unit; O has nothing to convert.
@@ -609,7 +613,6 @@ mod tests {
         assert_eq!(unit.enter(f32::MIN_POSITIVE), Ok(-2));
         let mut unit = unit_at(pow2(127));
         assert_eq!(unit.enter(pow2(126)), Ok(-1));
-        assert_eq!(V_UNIT_SPAN_LOG2, 2);
     }
 
     #[test]

@@ -279,7 +279,7 @@ impl fmt::Display for AttnError {
             InvalidVariant(m) => write!(f, "variant: {m}"),
             InvalidBlockMask(m) => write!(f, "block mask: {m}"),
             Unsupported(m) => write!(f, "unsupported option: {m}"),
-            InvalidDescale { arg, index, value } => write!(f, "{arg}[{index}] is {value}; dequantization factors must be finite and positive"),
+            InvalidDescale { arg, index, value } => write!(f, "{arg}[{index}] is {value}; dequantization factors must be positive normal floats, at most 2^126"),
             BlockSize { arg, got, expected } => write!(f, "{arg}: blocks of {got} rows, but the FP8 kernel's tiles at this head dim are {expected}"),
             HostData(m) => write!(f, "host data: {m}"),
         }

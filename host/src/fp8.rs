@@ -188,9 +188,12 @@ impl Descale {
     }
 }
 
-/// Checks host factors: at least one, each finite and positive.
+/// Checks host factors: at least one, each a positive normal float at most 2^126.
 pub fn check_factors(arg: Arg, factors: &[f32]) -> Result<()> {
-    if let Some((index, &value)) = factors.iter().enumerate().find(|(_, x)| !(x.is_finite() && **x > 0.0)) {
+    // Normal and at most 2^126: the kernel takes reciprocals of V's factors (`rcp`, which
+    // flushes subnormals and whose result would be subnormal above 2^126).
+    let ok = |x: f32| (f32::MIN_POSITIVE..=common::fp8::pow2(126)).contains(&x);
+    if let Some((index, &value)) = factors.iter().enumerate().find(|(_, x)| !ok(**x)) {
         return Err(AttnError::InvalidDescale { arg, index, value });
     }
     if factors.is_empty() {
@@ -770,11 +773,11 @@ mod tests {
         v.len -= 1;
         let r = plan_fp8(&desc(shape, Fp8Layout::Bshd), &desc(shape, Fp8Layout::Bshd), &v, [&ok()[0], &ok()[1], &ok()[2]], (0x20000, 512 * 4 * 128), (0x30000, 4 * 512), &Fp8Options::default(), 132);
         assert!(matches!(r, Err(AttnError::OutOfBounds { arg: Arg::V, .. })));
-        // Zero, negative and non-finite factors.
-        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        // Zero, negative, non-finite, subnormal and too large factors.
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY, 1e-40, 2f32.powi(126) * 1.5] {
             assert!(matches!(check_factors(Arg::VDescale, &[1.0, bad]), Err(AttnError::InvalidDescale { arg: Arg::VDescale, index: 1, .. })));
         }
-        assert!(check_factors(Arg::QDescale, &[0.5, 2.0]).is_ok());
+        assert!(check_factors(Arg::QDescale, &[0.5, 2.0, f32::MIN_POSITIVE, 2f32.powi(126)]).is_ok());
     }
 
     #[test]

@@ -86,8 +86,8 @@ macro_rules! fp8_entries {
                 type Out = [softmax::Frag; $d / 8];
                 type Mask = fa3::mask::CausalMask;
                 type ScoreMod = fa3::mask::NoScoreMod;
-                const CONFIG: common::fa3::KernelConfig = common::fp8::config($d, $keys, common::fp8_transposes_v!($v));
-                const FP8_BLOCK_FACTORS: bool = common::fp8_block_factors!($f);
+                const CONFIG: common::fa3::KernelConfig =
+                    common::fp8::config($d, $keys, common::fp8_transposes_v!($v), common::fp8_block_factors!($f));
             }
             let tma = crate::kernel_param0_address!(stringify!($name));
             unsafe { fa3::fwd::<Traits>(tma, p) }

@@ -71,6 +71,7 @@ macro_rules! fa3_entry {
                         techniques: $crate::common::fa3::Techniques::$tech,
                         fp8: false,
                         transpose_v: false,
+                        fp8_block_factors: false,
                     };
                 }
                 let tma = $crate::kernel_param0_address!($symbol);

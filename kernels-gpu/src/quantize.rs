@@ -5,8 +5,9 @@
 //! warp). One CTA per (block, head, batch) reads its rows twice, for the block's largest
 //! magnitude and then to write the rounded values (the second read hits L2); V can be
 //! written transposed, in the layout the FP8 forward reads (`common::fp8::vt_position`).
-//! The arithmetic is the CPU reference's (`host::reference::fp8`), operation for
-//! operation, so both give the same codes.
+//! The arithmetic is the CPU reference's (`host::reference::fp8`), so both give the same
+//! codes: the reference divides by the factor, this kernel multiplies by its reciprocal,
+//! which is exact because the factor is a power of two (`common::fp8::block_factor`).
 use crate::element::Element;
 use crate::ptx::{barrier, global, math, smem, sreg};
 use common::fp8::{QUANTIZE_THREADS, QuantizeOutput, QuantizeParams, block_factor, vt_len, vt_position};

@@ -85,9 +85,10 @@ impl OnlineSoftmax {
     /// costs per row, not per score: FP8's per-block K factors), with the probabilities
     /// times `2^weight.p_log2`: `exp2((s·s_factor - max) * scale_log2 + p_log2)`, one FMA
     /// as before (the FP8 forward's P, moved into e4m3's normal range), their row sums
-    /// times `weight.sum` more, and lazy rescaling only when `lazy` (the FP8 forward keeps the exact max:
-    /// with e4m3's 3 mantissa bits, a row's largest weight rounded away from a power of
-    /// two costs up to 6%). The 16-bit kernels pass 1 and 0, which fold away.
+    /// times `weight.sum` more, and lazy rescaling only when `lazy` (the FP8 forward
+    /// keeps the exact max: with e4m3's 3 mantissa bits, a row's largest weight rounded
+    /// away from a power of two costs up to 6%). The 16-bit kernels pass 1.0 and
+    /// [`Weight::ONE`], which fold away.
     /// `row_bias`: an amount added to each of this lane's scores of a row (after
     /// `s_factor`; lanes may differ), folded in per row (ALiBi's row constant,
     /// `crate::fa3::mask::ScoreMod::apply`).

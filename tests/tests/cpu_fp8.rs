@@ -1,8 +1,10 @@
 //! The FP8 references on the CPU: e4m3 rounding, quantization by groups, incoherent
 //! processing, and the paper's accuracy experiment on a small case.
-use flash_attn3::reference::fp8::{E4M3_MAX, Granularity, Hadamard, attention_fp8_lowp, fp8_accuracy, outlier_tensor, quantize, rmse, round_e4m3};
 use flash_attn3::check::O_SLACK;
-use flash_attn3::reference::{HostTensor, Problem, attention_f64, rng};
+use flash_attn3::reference::fp8::{
+    E4M3_MAX, Granularity, Hadamard, attention_fp8_lowp, attention_fp8_v_unit, fp8_accuracy, outlier_tensor, quantize, rmse, round_e4m3,
+};
+use flash_attn3::reference::{HostTensor, Problem, attention_f64, max_abs_err, rng, within_budget};
 use flash_attn3::DType;
 use rand::Rng;
 
@@ -31,7 +33,7 @@ fn e4m3_rounding_is_the_formats() {
 }
 
 #[test]
-fn quantized_groups_keep_their_largest_value_and_e4m3_precision() {
+fn quantized_groups_keep_e4m3_precision_and_block_factors_are_powers_of_two() {
     let mut r = rng(2);
     let t = outlier_tensor([2, 300, 3, 64], 0.01, 10.0, &mut r);
     for (g, groups) in [(Granularity::PerTensor, 1), (Granularity::PerHead, 6), (Granularity::Blocks { rows: 128 }, 18)] {
@@ -119,34 +121,39 @@ fn fp8_reference_is_attention_up_to_rounding() {
 /// V's per-block factors carried in P's `exp2` offset relative to O's unit (the FP8
 /// kernel's scheme, `common::fp8::VUnit`) keep the 2x error rule against the naive
 /// low-precision attention, with V's blocks spread over 2^10 in magnitude: falling and
-/// rising along the keys, alternating, and at
+/// rising along the keys, alternating (near and far), and at
 /// random; causal or not, a ragged last block. (The kernel visits the keys last to
 /// first: falling factors move the unit up at every block, rising ones keep it while
 /// they are within its span.) Powers of two shift P exactly, so above e4m3's subnormals
 /// the rounding is the naive one's.
 #[test]
 fn v_block_factors_in_o_units_keep_the_error_budget() {
-    use flash_attn3::reference::fp8::attention_fp8_v_unit;
-    use flash_attn3::reference::{max_abs_err, within_budget};
     let mut r = rng(6);
     let (bn, d): (usize, usize) = (128, 64);
     let (qs, ks) = ([1, 48, 2, d], [1, 1000, 1, d]);
     let blocks = ks[1].div_ceil(bn);
-    let patterns: [(&str, Vec<i32>); 4] = [
-        ("falling", (0..blocks as i32).map(|j| -j.min(10)).collect()),
-        ("rising", (0..blocks as i32).map(|j| j.min(10) - 10).collect()),
-        ("alternating", (0..blocks as i32).map(|j| if j % 2 == 0 { 0 } else { -7 }).collect()),
-        ("random", (0..blocks).map(|_| r.random_range(-10..=0)).collect()),
+    // Whether some blocks must ride in P (a shift); elsewhere they may, where an outlier
+    // moved a block's factor.
+    let patterns: [(&str, Vec<i32>, bool); 5] = [
+        ("falling", (0..blocks as i32).map(|j| -j.min(10)).collect(), false),
+        ("rising", (0..blocks as i32).map(|j| j.min(10) - 10).collect(), true),
+        ("alternating far", (0..blocks as i32).map(|j| if j % 2 == 0 { 0 } else { -7 }).collect(), false),
+        ("alternating near", (0..blocks as i32).map(|j| if j % 2 == 0 { 0 } else { -2 }).collect(), true),
+        ("random", (0..blocks).map(|_| r.random_range(-10..=0)).collect(), true),
     ];
     let q = quantize(&outlier_tensor(qs, 1e-3, 10.0, &mut r), Granularity::PerHead).values;
     let k = quantize(&outlier_tensor(ks, 1e-3, 10.0, &mut r), Granularity::PerHead).values;
-    for (name, exps) in patterns {
+    for (name, exps, shifts) in patterns {
         let mut v = outlier_tensor(ks, 1e-3, 10.0, &mut r);
         for (j, row) in v.data.chunks_mut(d).enumerate() {
             let f = 2f32.powi(exps[j / bn]);
             row.iter_mut().for_each(|x| *x *= f);
         }
         let v = quantize(&v, Granularity::Blocks { rows: bn });
+        // Which blocks ride in P, visited last to first as the kernel does.
+        let mut unit = common::fp8::VUnit::new();
+        let paths: Vec<bool> = v.scales.iter().rev().map(|&f| unit.enter(f).is_ok()).collect();
+        assert!(paths.contains(&true) || !shifts, "{name}: {paths:?}");
         for causal in [false, true] {
             let p = Problem::plain(&q, &k, &v.values, causal, 1.0 / (d as f32).sqrt());
             let exact = attention_f64(&p);

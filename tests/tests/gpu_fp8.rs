@@ -92,6 +92,10 @@ enum Scales {
     /// V's block factors times 1.37 (its values too): not powers of two, so O is
     /// converted before every key block's PV.
     BlocksOddV,
+    /// Block factors for Q and K, one per head for V: the block kernel's per-head V.
+    BlocksHeadV,
+    /// Block factors for Q and V, one per head for K: the block kernel's per-head K.
+    BlocksHeadK,
     /// Q and K small integers (factor 1; exact scores in any accumulator), V per head.
     Integers,
     /// As `Integers` with a softmax scale of 20: each row's weight is on its largest
@@ -148,6 +152,9 @@ fn cases() -> Vec<Case> {
         v.push(Case { d, sq: 300, sk: 3000, causal: true, scales: Scales::BlocksSpreadV, ..base });
         v.push(Case { d, sq: 300, sk: 1500, scales: Scales::BlocksOddV, ..base });
         v.push(Case { d, sq: 300, sk: 1500, scales: Scales::BlocksSpreadV, ..Case { v_rows: true, ..base } });
+        // One of K and V per head, the other per block: the block kernel.
+        v.push(Case { d, sq: 300, sk: 1500, causal: true, scales: Scales::BlocksHeadV, ..base });
+        v.push(Case { d, sq: 300, sk: 1500, scales: Scales::BlocksHeadK, ..base });
         v.push(Case { d, sq: 1, sk: 17, b: 1, hq: 2, hk: 2, ..base });
         // From `common::fp8::WIDE_MIN_KEYS` keys, per-head K and V factors run the
         // wide-tile kernel (`common::fp8::per_head_block_n`): both output types, ragged last
@@ -266,22 +273,19 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             sv = Descale::from_host(&stream, Arg::VDescale, &vq.scales, DescaleKind::PerHead)?;
             (hq, hk, hv) = (qv, kq.values, vq.values);
         }
-        Scales::Blocks | Scales::BlocksIncoherent | Scales::BlocksSpreadV | Scales::BlocksOddV => {
+        Scales::Blocks | Scales::BlocksIncoherent | Scales::BlocksSpreadV | Scales::BlocksOddV | Scales::BlocksHeadV | Scales::BlocksHeadK => {
             let incoherent = matches!(c.scales, Scales::BlocksIncoherent);
             let bn = block_rows(Role::V, c.d);
-            let v = if matches!(c.scales, Scales::BlocksSpreadV) {
+            let mut v = v;
+            if matches!(c.scales, Scales::BlocksSpreadV) {
                 use rand::Rng;
                 let shifts: Vec<i32> = (0..c.b * c.sk.div_ceil(bn)).map(|_| r.random_range(-10..=0)).collect();
-                let mut v = v;
                 for (i, row) in v.data.chunks_mut(c.hk * c.d).enumerate() {
                     let (bi, si) = (i / c.sk, i % c.sk);
                     let f = 2f32.powi(shifts[bi * c.sk.div_ceil(bn) + si / bn]);
                     row.iter_mut().for_each(|x| *x *= f);
                 }
-                v
-            } else {
-                v
-            };
+            }
             let signs = hadamard_signs(&stream, c.d, seed)?;
             let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, DType::BF16, t.shape, &t.data);
             let (qd, kd, vd) = (up(&q)?, up(&k)?, up(&v)?);
@@ -295,18 +299,33 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             let h = Hadamard::from_signs(stream.clone_dtoh(&signs)?);
             let (qi, ki) = if incoherent { (h.apply(&q), h.apply(&k)) } else { (q.clone(), k.clone()) };
             hq = quantize(&qi, Granularity::Blocks { rows: block_rows(Role::Q, c.d) }).values;
-            hk = quantize(&ki, Granularity::Blocks { rows: block_rows(Role::K, c.d) }).values;
+            let (mut k8b, mut skb) = (b.tensor, b.scales);
+            let (mut v8b, mut svb) = (e.tensor, e.scales);
+            let mut k_values = quantize(&ki, Granularity::Blocks { rows: block_rows(Role::K, c.d) }).values;
             let mut v_values = quantize(&v, Granularity::Blocks { rows: bn }).values;
-            let v_scales = if matches!(c.scales, Scales::BlocksOddV) {
-                const ODD: f32 = 1.37;
-                let f: Vec<f32> = stream.clone_dtoh(e.scales.factors())?.iter().map(|x| x * ODD).collect();
-                v_values.data.iter_mut().for_each(|x| *x *= ODD);
-                Descale::from_host(&stream, Arg::VDescale, &f, DescaleKind::Blocks { rows: bn })?
-            } else {
-                e.scales
-            };
-            hv = v_values;
-            (q8, k8, v8, sq, sk, sv) = (a.tensor, b.tensor, e.tensor, a.scales, b.scales, v_scales);
+            match c.scales {
+                Scales::BlocksOddV => {
+                    const ODD: f32 = 1.37;
+                    let f: Vec<f32> = stream.clone_dtoh(svb.factors())?.iter().map(|x| x * ODD).collect();
+                    v_values.data.iter_mut().for_each(|x| *x *= ODD);
+                    svb = Descale::from_host(&stream, Arg::VDescale, &f, DescaleKind::Blocks { rows: bn })?;
+                }
+                Scales::BlocksHeadV => {
+                    let vq = quantize(&v, Granularity::PerHead);
+                    v8b = v_tensor(&stream, c, &codes(&vq, Granularity::PerHead), ks)?;
+                    svb = Descale::from_host(&stream, Arg::VDescale, &vq.scales, DescaleKind::PerHead)?;
+                    v_values = vq.values;
+                }
+                Scales::BlocksHeadK => {
+                    let kq = quantize(&ki, Granularity::PerHead);
+                    k8b = Fp8Tensor::from_codes(&stream, Arg::K, &codes(&kq, Granularity::PerHead), ks, Fp8Layout::Bshd)?;
+                    skb = Descale::from_host(&stream, Arg::KDescale, &kq.scales, DescaleKind::PerHead)?;
+                    k_values = kq.values;
+                }
+                _ => {}
+            }
+            (hk, hv) = (k_values, v_values);
+            (q8, k8, v8, sq, sk, sv) = (a.tensor, k8b, v8b, a.scales, skb, svb);
         }
     }
     let opts = Fp8Options::default().causal(c.causal).out_dtype(c.out).softmax_scale(scale);

@@ -2,8 +2,8 @@
 //! K's fold into the softmax's scale of a tile; K's per-block factors scale a block's
 //! row maxima and its `exp2` argument's scale (`OnlineSoftmax::update_offset`); V's fold
 //! into O: per (batch, head) once at the end, per block into P's `exp2` offset relative
-//! to O's unit when they are powers of two ([`VUnit`]). The 16-bit kernels read none of this (the `K::FP8` branches
-//! fold away).
+//! to O's unit when they are powers of two ([`VUnit`]). The 16-bit kernels read none of
+//! this (the `K::FP8` branches fold away).
 use super::scheduler::Tile;
 use super::traits::KernelTraits;
 use crate::ptx::{global, math};
@@ -101,6 +101,7 @@ pub struct VUnit {
 }
 
 impl VUnit {
+    /// Before the tile's first key block.
     #[inline(always)]
     pub fn new() -> Self {
         VUnit { unit: common::fp8::VUnit::new(), convert: 1.0 }

@@ -452,8 +452,9 @@ pub fn run<K: KernelTraits>(
         v_unit: VUnit::new(),
         factor_rows: BlockFactorRows::new::<K>(p, tile),
     };
-    // The FP8 kernels' per-block V factors are folded in by the overlapped loop only.
-    const { assert!(!K::FP8 || K::OVERLAP) };
+    // The FP8 kernels' per-block V factors are folded in by the overlapped loop only, and
+    // their steps visit key blocks `top - 1 - i` (no block-sparse list).
+    const { assert!(!K::FP8 || (K::OVERLAP && !K::Mask::SPARSE)) };
 
     // Skipped steps still move the rings on and take their GEMM turn, so that every
     // warpgroup takes the same number of turns per tile (n + 1 with the overlap, n without).

@@ -73,7 +73,7 @@ pub trait KernelTraits: Copy + 'static {
     const FP8: bool = Self::CONFIG.fp8;
     /// FP8 with per-block K and V factors (the table's `blocks` kernels, whose key tile
     /// is the factors' block); the per-head kernels have no code for them.
-    const FP8_BLOCK_FACTORS: bool = false;
+    const FP8_BLOCK_FACTORS: bool = Self::CONFIG.fp8_block_factors;
     /// FP8 with V as stored: the producer warpgroup transposes each V tile
     /// (`super::transpose`).
     const TRANSPOSE_V: bool = Self::CONFIG.transpose_v;
@@ -133,7 +133,7 @@ pub trait FragTile: Copy {
     fn mask_columns_outside(&mut self, col_2t: i32, first: [i32; 2], end: [i32; 2]);
     /// Folds the tile, times `s_factor`, plus `row_bias` per row, into the running
     /// statistics (see [`OnlineSoftmax::update_offset`]); the probabilities come out times
-    /// `2^weight.p_log2`.
+    /// `2^weight.p_log2`, and join the row sums times `weight.sum` more.
     fn softmax_update(&mut self, softmax: &mut OnlineSoftmax, scale_log2: f32, s_factor: f32, row_bias: Option<[f32; 2]>, weight: Weight, lazy: bool) -> Option<[f32; 2]>;
 }
 

@@ -10,19 +10,13 @@ pub fn exp2(x: f32) -> f32 {
     r
 }
 
-/// `log2(x)`, approximate (the SFU's `lg2`), denormals flushed.
+/// Natural logarithm through `lg2.approx` (used once per row for the LSE).
 #[inline(always)]
-pub fn log2(x: f32) -> f32 {
+pub fn ln(x: f32) -> f32 {
     let r: f32;
     // SAFETY: pure arithmetic.
     unsafe { asm!("lg2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
-    r
-}
-
-/// Natural logarithm through [`log2`] (used once per row for the LSE).
-#[inline(always)]
-pub fn ln(x: f32) -> f32 {
-    log2(x) * core::f32::consts::LN_2
+    r * core::f32::consts::LN_2
 }
 
 /// Hyperbolic tangent, approximate (the SFU's `tanh`, sm_75+: max relative error about
