@@ -30,10 +30,11 @@
 //! caller that keeps V transposed). Dequantization factors: one per (batch, head) (FlashAttention-3's
 //! `q_descale`, `k_descale`, `v_descale`, `[batch, heads_k]`), or one per block of rows
 //! of the kernel's tiles (`[batch, heads, blocks]`: 128 query rows for Q, the key block
-//! of [`common::fp8::block_n`] for K and V). Any positive finite factors work; V's run
-//! fastest as powers of two within 4x of each other ([`quantize_fp8`]'s are powers of
-//! two, `common::fp8::block_factor`): the kernel then carries them in P's `exp2` offset
-//! instead of converting O before each key block's PV (`common::fp8::VUnit`).
+//! of [`common::fp8::block_n`] for K and V). Any positive normal factors work; V's run
+//! fastest as powers of two within 4x of each other ([`quantize_fp8`]'s for [`Role::V`]
+//! and [`Role::VRows`] are powers of two, `common::fp8::block_factor`): the kernel then
+//! carries them in P's `exp2` offset instead of converting O before each key block's PV
+//! (`common::fp8::VUnit`).
 use crate::api::{AttnOutput, launch};
 use crate::error::{Arg, AttnError, Result};
 use crate::gpu::Gpu;
@@ -255,8 +256,13 @@ pub enum Role {
     Q,
     /// Blocks of the kernel's key block, `[b, s, h, d]`.
     K,
-    /// Blocks of the kernel's key block, transposed ([`Fp8Layout::VTransposed`]).
+    /// Blocks of the kernel's key block, transposed ([`Fp8Layout::VTransposed`]), with
+    /// power-of-two factors (`common::fp8::block_factor`), which the kernel carries in
+    /// the softmax instead of converting O per key block.
     V,
+    /// V kept as stored, `[b, s, h, d]` (the kernel transposes it): K's blocks and layout,
+    /// V's power-of-two factors.
+    VRows,
 }
 
 /// Options of [`quantize_fp8`].
@@ -310,7 +316,7 @@ pub fn hadamard_signs(stream: &Arc<CudaStream>, hdim: usize, seed: u64) -> Resul
 pub fn block_rows(role: Role, hdim: usize) -> usize {
     match role {
         Role::Q => fp8::block_m(hdim as u32) as usize,
-        Role::K | Role::V => fp8::block_n(hdim as u32) as usize,
+        Role::K | Role::V | Role::VRows => fp8::block_n(hdim as u32) as usize,
     }
 }
 
@@ -321,7 +327,7 @@ unsafe impl DeviceRepr for QuantizeBlock {}
 
 /// Quantizes a 16-bit `[batch, seqlen, heads, hdim]` tensor (hdim 64, 128 or 256; any
 /// strides with a contiguous last dim) to e4m3 with one factor per block of rows of a
-/// head (the block the FP8 kernel tiles `role` by), in one launch on `stream`. The
+/// head (the block the FP8 kernel tiles `role` by), in one launch on `stream`. V's
 /// factors are powers of two (`common::fp8::block_factor`).
 pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts: &QuantizeOptions) -> Result<Quantized> {
     if !Arc::ptr_eq(stream.context(), gpu.context()) {
@@ -330,14 +336,14 @@ pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts
     let arg = match opts.role {
         Role::Q => Arg::Q,
         Role::K => Arg::K,
-        Role::V => Arg::V,
+        Role::V | Role::VRows => Arg::V,
     };
     let [b, s, h, d] = x.layout.shape;
     check_shape(arg, x.layout.shape)?;
     let kernel = fp8::find_quantize(d as u32, x.dtype()).ok_or(AttnError::UnsupportedHeadDim { hdim: d, supported: &common::HEAD_DIMS })?;
     let (x_ptr, _x_sync) = x.slice.device_ptr(stream);
     crate::plan::check_tensor(arg, &crate::plan::TensorDesc { dtype: x.dtype(), layout: x.layout, addr: x_ptr, buffer_len: x.buffer_len() })?;
-    if opts.hadamard.is_some() && opts.role == Role::V {
+    if opts.hadamard.is_some() && matches!(opts.role, Role::V | Role::VRows) {
         return Err(AttnError::Unsupported("incoherent processing applies to q and k, not v (QKᵀ is what it preserves)".into()));
     }
     let (signs, _signs_sync) = match opts.hadamard {
@@ -372,6 +378,7 @@ pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts
             block_rows: rows as u32,
             signs,
             hdim: d as u32,
+            pow2_factors: matches!(opts.role, Role::V | Role::VRows) as u32,
         };
         launch_quantize(gpu, stream, kernel, (blocks as u32, h as u32, b as u32), params)?;
     }

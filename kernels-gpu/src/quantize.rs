@@ -5,9 +5,8 @@
 //! warp). One CTA per (block, head, batch) reads its rows twice, for the block's largest
 //! magnitude and then to write the rounded values (the second read hits L2); V can be
 //! written transposed, in the layout the FP8 forward reads (`common::fp8::vt_position`).
-//! The arithmetic is the CPU reference's (`host::reference::fp8`), so both give the same
-//! codes: the reference divides by the factor, this kernel multiplies by its reciprocal,
-//! which is exact because the factor is a power of two (`common::fp8::block_factor`).
+//! The arithmetic is the CPU reference's (`host::reference::fp8`), operation for
+//! operation, so both give the same codes.
 use crate::element::Element;
 use crate::ptx::{barrier, global, math, smem, sreg};
 use common::fp8::{QUANTIZE_THREADS, QuantizeOutput, QuantizeParams, block_factor, vt_len, vt_position};
@@ -92,9 +91,7 @@ pub unsafe fn quantize<E: Element, const HDIM: u32, const PER_LANE: usize>(p: Qu
         // SAFETY: as above.
         amax = math::fmax(amax, f32::from_bits(unsafe { smem::ld_u32(partials.add(4 * w)) }));
     }
-    let scale = block_factor(amax);
-    // Exact: the factor is a power of two.
-    let inv = 1.0 / scale;
+    let scale = block_factor(amax, p.pow2_factors != 0);
     if sreg::thread_idx_x() == 0 {
         let blocks = p.seqlen.div_ceil(p.block_rows.max(1)) as u64;
         // SAFETY: `[batch, heads, blocks]` host-sized factors.
@@ -120,7 +117,7 @@ pub unsafe fn quantize<E: Element, const HDIM: u32, const PER_LANE: usize>(p: Qu
         };
         let mut codes = [0u32; PER_LANE];
         for q in 0..PER_LANE / 2 {
-            codes[q] = math::pack_e4m3x4([x[2 * q] * inv, x[2 * q + 1] * inv, 0.0, 0.0]);
+            codes[q] = math::pack_e4m3x4([x[2 * q] / scale, x[2 * q + 1] / scale, 0.0, 0.0]);
         }
         let col0 = (lane as usize * PER_LANE) as u64;
         if transposed {

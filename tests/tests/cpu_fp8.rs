@@ -33,19 +33,20 @@ fn e4m3_rounding_is_the_formats() {
 }
 
 #[test]
-fn quantized_groups_keep_e4m3_precision_and_block_factors_are_powers_of_two() {
+fn quantized_groups_keep_their_largest_value_and_e4m3_precision_and_pow2_blocks_are_powers_of_two() {
     let mut r = rng(2);
     let t = outlier_tensor([2, 300, 3, 64], 0.01, 10.0, &mut r);
-    for (g, groups) in [(Granularity::PerTensor, 1), (Granularity::PerHead, 6), (Granularity::Blocks { rows: 128 }, 18)] {
+    let blocks = [(Granularity::Blocks { rows: 128 }, 18), (Granularity::Pow2Blocks { rows: 128 }, 18)];
+    for (g, groups) in [(Granularity::PerTensor, 1), (Granularity::PerHead, 6)].into_iter().chain(blocks) {
         let q = quantize(&t, g);
         assert_eq!(q.scales.len(), groups, "{g:?}");
         assert!(q.scales.iter().all(|s| s.is_finite() && *s > 0.0));
         let amax = t.data.iter().fold(0f32, |m, x| m.max(x.abs()));
         let qmax = q.values.data.iter().fold(0f32, |m, x| m.max(x.abs()));
-        if g == Granularity::PerTensor || g == Granularity::PerHead {
+        if g != (Granularity::Pow2Blocks { rows: 128 }) {
             assert!((qmax - amax).abs() <= amax * 1e-6, "{g:?}: the largest value survives ({qmax} vs {amax})");
         } else {
-            // Powers of two: a block's largest magnitude lands in (224, 448], rounded.
+            // Powers of two (V's): a block's largest magnitude lands in (224, 448], rounded.
             assert!(q.scales.iter().all(|s| common::fp8::pow2_exponent(*s).is_some()), "{g:?}: {:?}", q.scales);
             assert!((qmax - amax).abs() <= amax / 16.0, "{g:?}: the largest value within e4m3's step ({qmax} vs {amax})");
         }
@@ -149,7 +150,7 @@ fn v_block_factors_in_o_units_keep_the_error_budget() {
             let f = 2f32.powi(exps[j / bn]);
             row.iter_mut().for_each(|x| *x *= f);
         }
-        let v = quantize(&v, Granularity::Blocks { rows: bn });
+        let v = quantize(&v, Granularity::Pow2Blocks { rows: bn });
         // Which blocks ride in P, visited last to first as the kernel does.
         let mut unit = common::fp8::VUnit::new();
         let paths: Vec<bool> = v.scales.iter().rev().map(|&f| unit.enter(f).is_ok()).collect();

@@ -27,7 +27,7 @@ mod support;
 fn codes(t: &Quantized, g: Granularity) -> Vec<u8> {
     let [_, s, h, d] = t.values.shape;
     let rows = match g {
-        Granularity::Blocks { rows } => rows,
+        Granularity::Blocks { rows } | Granularity::Pow2Blocks { rows } => rows,
         _ => s,
     };
     let groups = s.div_ceil(rows);
@@ -40,7 +40,7 @@ fn codes(t: &Quantized, g: Granularity) -> Vec<u8> {
             let sc = match g {
                 Granularity::PerTensor => t.scales[0],
                 Granularity::PerHead => t.scales[bi * h + hi],
-                Granularity::Blocks { .. } => t.scales[(bi * h + hi) * groups + si / rows],
+                Granularity::Blocks { .. } | Granularity::Pow2Blocks { .. } => t.scales[(bi * h + hi) * groups + si / rows],
             };
             e4m3_code(x / sc)
         })
@@ -59,7 +59,10 @@ fn quantize_matches_cpu(gpu: &Gpu, dtype: DType, d: usize, role: Role, incoheren
     let opts = if incoherent { QuantizeOptions::new(role).hadamard(&signs) } else { QuantizeOptions::new(role) };
     let got = quantize_fp8(gpu, &stream, &dev.as_ref(), &opts)?;
     let input = if incoherent { Hadamard::from_signs(stream.clone_dtoh(&signs)?).apply(&x) } else { x };
-    let g = Granularity::Blocks { rows: block_rows(role, d) };
+    let g = match role {
+        Role::V | Role::VRows => Granularity::Pow2Blocks { rows: block_rows(role, d) },
+        _ => Granularity::Blocks { rows: block_rows(role, d) },
+    };
     let want = quantize(&input, g);
     let factors = stream.clone_dtoh(got.scales.factors())?;
     if factors != want.scales {
@@ -293,8 +296,8 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             let (a, b, e) = (
                 quantize_fp8(gpu, &stream, &qd.as_ref(), &opts(Role::Q))?,
                 quantize_fp8(gpu, &stream, &kd.as_ref(), &opts(Role::K))?,
-                // V as stored is quantized as K is (the same key blocks), never transformed.
-                quantize_fp8(gpu, &stream, &vd.as_ref(), &if c.v_rows { QuantizeOptions::new(Role::K) } else { opts(Role::V) })?,
+                // V as stored: K's layout and key blocks, never transformed.
+                quantize_fp8(gpu, &stream, &vd.as_ref(), &QuantizeOptions::new(if c.v_rows { Role::VRows } else { Role::V }))?,
             );
             let h = Hadamard::from_signs(stream.clone_dtoh(&signs)?);
             let (qi, ki) = if incoherent { (h.apply(&q), h.apply(&k)) } else { (q.clone(), k.clone()) };
@@ -302,7 +305,7 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             let (mut k8b, mut skb) = (b.tensor, b.scales);
             let (mut v8b, mut svb) = (e.tensor, e.scales);
             let mut k_values = quantize(&ki, Granularity::Blocks { rows: block_rows(Role::K, c.d) }).values;
-            let mut v_values = quantize(&v, Granularity::Blocks { rows: bn }).values;
+            let mut v_values = quantize(&v, Granularity::Pow2Blocks { rows: bn }).values;
             match c.scales {
                 Scales::BlocksOddV => {
                     const ODD: f32 = 1.37;
@@ -397,9 +400,9 @@ fn main() {
     let mut trials = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         for d in [64, 128, 256] {
-            for role in [Role::Q, Role::K, Role::V] {
+            for role in [Role::Q, Role::K, Role::V, Role::VRows] {
                 for incoherent in [false, true] {
-                    if incoherent && role == Role::V {
+                    if incoherent && matches!(role, Role::V | Role::VRows) {
                         continue;
                     }
                     let name = format!("quantize_matches_cpu_{}_hdim{d}_{role:?}{}", dtype.name(), if incoherent { "_hadamard" } else { "" });

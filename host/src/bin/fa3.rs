@@ -343,7 +343,10 @@ fn run_fp8(gpu: &Gpu, inputs: &Inputs, causal: bool, scale: Option<f32>, incoher
         // The e4m3 values the kernel saw: the CPU quantization gives the GPU's codes.
         let h_t = Hadamard::from_signs(stream.clone_dtoh(&signs).map_err(AttnError::from)?);
         let (qi, ki) = if incoherent { (h_t.apply(&inputs.q), h_t.apply(&inputs.k)) } else { (inputs.q.clone(), inputs.k.clone()) };
-        let g = |role| Granularity::Blocks { rows: block_rows(role, d) };
+        let g = |role| match role {
+            Role::V | Role::VRows => Granularity::Pow2Blocks { rows: block_rows(role, d) },
+            _ => Granularity::Blocks { rows: block_rows(role, d) },
+        };
         let (q8h, k8h, v8h) = (quantize(&qi, g(Role::Q)).values, quantize(&ki, g(Role::K)).values, quantize(&inputs.v, g(Role::V)).values);
         let p = Problem::plain(&q8h, &k8h, &v8h, causal, scale);
         let (exact8, naive) = (attention_f64(&p), attention_fp8_naive(&p, inputs.dtype));
@@ -818,7 +821,7 @@ fn cmd_bench_fp8(a: &BenchArgs) -> CliResult<()> {
             let ones = Descale::from_host(&stream, flash_attn3::Arg::QDescale, &vec![1.0; batch * heads], DescaleKind::PerHead)?;
             for &layout in a.fp8_v.layouts() {
                 // V quantized transposed, or as stored (K's layout and key blocks).
-                let v = quant(2, if layout == cli::Fp8VArg::Transposed { Role::V } else { Role::K })?;
+                let v = quant(2, if layout == cli::Fp8VArg::Transposed { Role::V } else { Role::VRows })?;
                 // Block factors (the quantization kernel's), and one factor per (batch,
                 // head) as FlashAttention-3's descales (the speed does not depend on their
                 // values).

@@ -5,8 +5,8 @@
 //! accuracy experiment (FlashAttention-3, section 4.3) on the host.
 //!
 //! Scales are dequantization factors: a tensor's value is `e4m3 code × scale`, with the
-//! group's largest magnitude mapped to e4m3's largest finite value, 448 (per tensor, per
-//! head), or, for blocks of rows, the smallest power of two that maps it at most there
+//! group's largest magnitude mapped to e4m3's largest finite value, 448, or (V's blocks,
+//! [`Granularity::Pow2Blocks`]) the smallest power of two that maps it at most there
 //! (`common::fp8::block_factor`, as the quantization kernel).
 use super::{AttnResult, HostTensor, Problem, for_each_row};
 use crate::tensor::round_to;
@@ -42,9 +42,14 @@ pub enum Granularity {
     /// One per (batch, head) of the tensor (FlashAttention-3's descales, for K and V).
     PerHead,
     /// One per (batch, head, block of `rows` sequence positions): the paper's block
-    /// quantization, with the blocks the kernel's tiles (query rows for Q, keys for K, V);
-    /// powers of two.
+    /// quantization, with the blocks the kernel's tiles (query rows for Q, keys for K, V).
     Blocks {
+        /// Sequence positions per block.
+        rows: usize,
+    },
+    /// [`Granularity::Blocks`] with power-of-two factors: V's, as the quantization kernel
+    /// gives them (`common::fp8::block_factor`).
+    Pow2Blocks {
         /// Sequence positions per block.
         rows: usize,
     },
@@ -67,7 +72,7 @@ pub fn quantize(t: &HostTensor, g: Granularity) -> Quantized {
     let [b, s, h, d] = t.shape;
     let (groups_per_head, rows) = match g {
         Granularity::PerTensor | Granularity::PerHead => (1, s.max(1)),
-        Granularity::Blocks { rows } => (s.div_ceil(rows.max(1)), rows.max(1)),
+        Granularity::Blocks { rows } | Granularity::Pow2Blocks { rows } => (s.div_ceil(rows.max(1)), rows.max(1)),
     };
     let group_of = |bi: usize, si: usize, hi: usize| match g {
         Granularity::PerTensor => 0,
@@ -83,11 +88,8 @@ pub fn quantize(t: &HostTensor, g: Granularity) -> Quantized {
             }
         }
     }
-    let scales: Vec<f32> = match g {
-        // The quantization kernel's factors: powers of two.
-        Granularity::Blocks { .. } => amax.iter().map(|&a| common::fp8::block_factor(a)).collect(),
-        _ => amax.iter().map(|&a| if a > 0.0 { a / E4M3_MAX } else { 1.0 }).collect(),
-    };
+    let pow2 = matches!(g, Granularity::Pow2Blocks { .. });
+    let scales: Vec<f32> = amax.iter().map(|&a| common::fp8::block_factor(a, pow2)).collect();
     let mut values = t.clone();
     for bi in 0..b {
         for si in 0..s {
@@ -307,7 +309,12 @@ pub fn fp8_accuracy(
 ) -> Fp8Accuracy {
     let scale = 1.0 / (q.shape[3] as f32).sqrt();
     let run = |q: &HostTensor, k: &HostTensor, qg, kg| {
-        let (q8, k8, v8) = (quantize(q, qg), quantize(k, kg), quantize(v, kg));
+        // V's block factors are powers of two, as the quantization kernel's.
+        let vg = match kg {
+            Granularity::Blocks { rows } => Granularity::Pow2Blocks { rows },
+            g => g,
+        };
+        let (q8, k8, v8) = (quantize(q, qg), quantize(k, kg), quantize(v, vg));
         let p = Problem::plain(&q8.values, &k8.values, &v8.values, false, scale);
         rmse(&attention_fp8_lowp(&p, DType::BF16).o, exact)
     };
