@@ -15,6 +15,8 @@ for r in $(seq "${ROUNDS:-2}"); do
   for i in $(seq 0 $((${#vs[@]} - 1))); do
     v=${vs[$(((i + r - 1) % ${#vs[@]}))]}
     timeout 300 .device/exp/"$v"/fa3 bench --dtype "${DTYPE:-f16}" --csv "$TMP/$v.r$r.csv" ${BENCH_ARGS:-} > /dev/null || { echo "$v round $r failed"; status=1; }
+    # The rounds so far, kept in $OUT: a call that runs past its limit still returns them.
+    scripts/label-rows.sh "$TMP"/*.r*.csv > "$OUT/${LABEL}_rounds.csv"
   done
 done
 peers=()

@@ -16,6 +16,8 @@ for r in $(seq "${ROUNDS:-2}"); do
   for i in 0 1; do
     v=${vs[$(((i + r - 1) % 2))]}
     timeout 200 .device/exp/$v/fa3 bench $BURSTS --hdims "${HDIMS:-128}" --seqlens "$SEQ" --csv "$TMP/$v.r$r.csv" > /dev/null 2>&1 || { echo "$v round $r failed"; status=1; }
+    # The rounds so far, kept in $OUT: a call that runs past its limit still returns them.
+    scripts/label-rows.sh "$TMP"/*.r*.csv > "$OUT/ab_fp8_rounds.csv"
   done
 done
 python3 scripts/ab.py "$TMP"/*.r*.csv | tee "$OUT/ab_fp8.md"
