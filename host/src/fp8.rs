@@ -265,6 +265,13 @@ pub enum Role {
     VRows,
 }
 
+impl Role {
+    /// Whether [`quantize_fp8`] gives this role power-of-two factors (V's, both layouts).
+    pub fn pow2_factors(self) -> bool {
+        matches!(self, Role::V | Role::VRows)
+    }
+}
+
 /// Options of [`quantize_fp8`].
 #[derive(Clone, Copy)]
 pub struct QuantizeOptions<'a> {
@@ -378,7 +385,7 @@ pub fn quantize_fp8(gpu: &Gpu, stream: &Arc<CudaStream>, x: &TensorRef<'_>, opts
             block_rows: rows as u32,
             signs,
             hdim: d as u32,
-            pow2_factors: matches!(opts.role, Role::V | Role::VRows) as u32,
+            pow2_factors: opts.role.pow2_factors() as u32,
         };
         launch_quantize(gpu, stream, kernel, (blocks as u32, h as u32, b as u32), params)?;
     }

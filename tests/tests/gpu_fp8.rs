@@ -59,10 +59,7 @@ fn quantize_matches_cpu(gpu: &Gpu, dtype: DType, d: usize, role: Role, incoheren
     let opts = if incoherent { QuantizeOptions::new(role).hadamard(&signs) } else { QuantizeOptions::new(role) };
     let got = quantize_fp8(gpu, &stream, &dev.as_ref(), &opts)?;
     let input = if incoherent { Hadamard::from_signs(stream.clone_dtoh(&signs)?).apply(&x) } else { x };
-    let g = match role {
-        Role::V | Role::VRows => Granularity::Pow2Blocks { rows: block_rows(role, d) },
-        _ => Granularity::Blocks { rows: block_rows(role, d) },
-    };
+    let g = Granularity::of_quantizer(role, d);
     let want = quantize(&input, g);
     let factors = stream.clone_dtoh(got.scales.factors())?;
     if factors != want.scales {
@@ -301,11 +298,11 @@ fn run_case(gpu: &Gpu, c: &Case) -> Result<(), Failed> {
             );
             let h = Hadamard::from_signs(stream.clone_dtoh(&signs)?);
             let (qi, ki) = if incoherent { (h.apply(&q), h.apply(&k)) } else { (q.clone(), k.clone()) };
-            hq = quantize(&qi, Granularity::Blocks { rows: block_rows(Role::Q, c.d) }).values;
+            hq = quantize(&qi, Granularity::of_quantizer(Role::Q, c.d)).values;
             let (mut k8b, mut skb) = (b.tensor, b.scales);
             let (mut v8b, mut svb) = (e.tensor, e.scales);
-            let mut k_values = quantize(&ki, Granularity::Blocks { rows: block_rows(Role::K, c.d) }).values;
-            let mut v_values = quantize(&v, Granularity::Pow2Blocks { rows: bn }).values;
+            let mut k_values = quantize(&ki, Granularity::of_quantizer(Role::K, c.d)).values;
+            let mut v_values = quantize(&v, Granularity::of_quantizer(Role::V, c.d)).values;
             match c.scales {
                 Scales::BlocksOddV => {
                     const ODD: f32 = 1.37;

@@ -303,7 +303,7 @@ fn cmd_run(a: RunArgs) -> CliResult<()> {
 /// e4m3 inputs (`reference::fp8::attention_fp8_naive`).
 #[allow(clippy::too_many_arguments)]
 fn run_fp8(gpu: &Gpu, inputs: &Inputs, causal: bool, scale: Option<f32>, incoherent: bool, seed: u64, output: Option<&Path>, do_check: bool) -> CliResult<()> {
-    use flash_attn3::fp8::{Fp8Descales, Fp8Options, QuantizeOptions, Role, block_rows, flash_attn_fp8, hadamard_signs, quantize_fp8};
+    use flash_attn3::fp8::{Fp8Descales, Fp8Options, QuantizeOptions, Role, flash_attn_fp8, hadamard_signs, quantize_fp8};
     use flash_attn3::reference::fp8::{Granularity, Hadamard, attention_fp8_naive, quantize, rmse};
     let stream = gpu.new_stream()?;
     let up = |t: &HostTensor| DeviceTensor::from_f32(&stream, inputs.dtype, t.shape, &t.data);
@@ -343,10 +343,7 @@ fn run_fp8(gpu: &Gpu, inputs: &Inputs, causal: bool, scale: Option<f32>, incoher
         // The e4m3 values the kernel saw: the CPU quantization gives the GPU's codes.
         let h_t = Hadamard::from_signs(stream.clone_dtoh(&signs).map_err(AttnError::from)?);
         let (qi, ki) = if incoherent { (h_t.apply(&inputs.q), h_t.apply(&inputs.k)) } else { (inputs.q.clone(), inputs.k.clone()) };
-        let g = |role| match role {
-            Role::V | Role::VRows => Granularity::Pow2Blocks { rows: block_rows(role, d) },
-            _ => Granularity::Blocks { rows: block_rows(role, d) },
-        };
+        let g = |role| Granularity::of_quantizer(role, d);
         let (q8h, k8h, v8h) = (quantize(&qi, g(Role::Q)).values, quantize(&ki, g(Role::K)).values, quantize(&inputs.v, g(Role::V)).values);
         let p = Problem::plain(&q8h, &k8h, &v8h, causal, scale);
         let (exact8, naive) = (attention_f64(&p), attention_fp8_naive(&p, inputs.dtype));

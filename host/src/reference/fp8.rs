@@ -55,6 +55,14 @@ pub enum Granularity {
     },
 }
 
+impl Granularity {
+    /// The groups and factors of `quantize_fp8` for `role` at head dim `hdim`.
+    pub fn of_quantizer(role: crate::fp8::Role, hdim: usize) -> Self {
+        let rows = crate::fp8::block_rows(role, hdim);
+        if role.pow2_factors() { Granularity::Pow2Blocks { rows } } else { Granularity::Blocks { rows } }
+    }
+}
+
 /// A quantized tensor: its dequantized values (each an e4m3 code times its scale, so the
 /// reference computes with exactly what an FP8 kernel sees) and its scales,
 /// `[batch, heads, groups]` packed (one group for [`Granularity::PerHead`], one value in

@@ -19,6 +19,15 @@ pub fn load(s: &ScaleIndex, batch: u32, head: u32, block: u32) -> f32 {
     f32::from_bits(unsafe { global::ld_nc_u32(s.ptr + 4 * s.offset(batch, head, block)) })
 }
 
+/// Whether this kernel reads `s`'s factors per key block (the per-head kernels never do).
+#[inline(always)]
+fn per_block<K: KernelTraits>(s: &ScaleIndex) -> bool {
+    K::FP8_BLOCK_FACTORS && s.block_stride != 0
+}
+
+/// FP8's weight of P without a V factor in it: P times `2^8`, in e4m3's normal range.
+const FP8_WEIGHT: Weight = Weight { p_log2: P_EXP2_OFFSET, sum: 1.0 };
+
 /// A tile's softmax scales `(scale · log2 e, scale)` with Q's factor and K's per-head
 /// factor folded in (the kernel's scores are the raw e4m3 products).
 #[inline(always)]
@@ -27,7 +36,7 @@ pub fn tile_scales<K: KernelTraits>(p: &FwdParams, tile: &Tile) -> (f32, f32) {
         return (p.scale_log2, p.softmax_scale);
     }
     let q = load(&p.fp8.q, tile.batch, tile.head, tile.m_block);
-    let k = if K::FP8_BLOCK_FACTORS && p.fp8.k.block_stride != 0 { 1.0 } else { load(&p.fp8.k, tile.batch, tile.head_k, 0) };
+    let k = if per_block::<K>(&p.fp8.k) { 1.0 } else { load(&p.fp8.k, tile.batch, tile.head_k, 0) };
     (p.scale_log2 * q * k, p.softmax_scale * q * k)
 }
 
@@ -111,8 +120,8 @@ impl VUnit {
     /// [`BlockFactors`]), before its softmax.
     #[inline(always)]
     pub fn enter<K: KernelTraits>(&mut self, p: &FwdParams, v: f32) -> Weight {
-        if !K::FP8_BLOCK_FACTORS || p.fp8.v.block_stride == 0 {
-            return Weight { p_log2: P_EXP2_OFFSET, sum: 1.0 };
+        if !per_block::<K>(&p.fp8.v) {
+            return FP8_WEIGHT;
         }
         // Uniform over the warpgroup (one block, one factor).
         match self.unit.enter(v) {
@@ -122,7 +131,7 @@ impl VUnit {
                 if old != 0.0 {
                     self.convert *= old * math::rcp(v);
                 }
-                Weight { p_log2: P_EXP2_OFFSET, sum: 1.0 }
+                FP8_WEIGHT
             }
         }
     }
@@ -143,6 +152,6 @@ impl VUnit {
     /// The factor O's accumulator is finally multiplied by.
     #[inline(always)]
     pub fn output<K: KernelTraits>(&self, p: &FwdParams, tile: &Tile) -> f32 {
-        if K::FP8_BLOCK_FACTORS && p.fp8.v.block_stride != 0 { self.unit.factor() } else { load(&p.fp8.v, tile.batch, tile.head_k, 0) }
+        if per_block::<K>(&p.fp8.v) { self.unit.factor() } else { load(&p.fp8.v, tile.batch, tile.head_k, 0) }
     }
 }
