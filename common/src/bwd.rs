@@ -51,7 +51,7 @@ pub const THREADS: u32 = 128 * (MMA_WGS + 1);
 pub const STAGES: u32 = 2;
 /// Threads per CTA of the preprocess and postprocess kernels.
 pub const AUX_THREADS: u32 = 256;
-/// Query rows per preprocess CTA (one warp per row at a time).
+/// Query rows of a preprocess and postprocess row block (8 a warp in the preprocess).
 pub const PREPROCESS_ROWS: u32 = 64;
 
 /// Queries of a step (of `block_m` rows) whose `Sᵀ` and `dPᵀ` a consumer warpgroup

@@ -1,7 +1,7 @@
 //! Validation and launch planning of the backward pass: pure functions of shapes,
 //! strides, dtypes and addresses, so every misuse is caught (and tested) without a GPU.
 use crate::error::{Arg, AttnError, Result};
-use crate::plan::{DeviceVec, AlibiDesc, AttnOptions, TensorDesc, ScoreModParams, check_lse_scale_and_sizes, check_tensor, strides, variant_args};
+use crate::plan::{MAX_GRID_YZ, DeviceVec, AlibiDesc, AttnOptions, TensorDesc, ScoreModParams, check_lse_scale_and_sizes, check_tensor, strides, variant_args};
 use crate::tma::TensorMapSpec;
 use common::bwd::{self, BwdParams, BwdStage, DqOrder};
 use common::{KernelEntry, MaskKind, ScoreModKind};
@@ -281,7 +281,12 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         params.block_mask = block_mask;
     }
     let (b, hq, hk) = (batch as u32, heads_q as u32, heads_k as u32);
-    let aux = |kernel, rows: u32| Launch { kernel, grid: (rows.div_ceil(bwd::PREPROCESS_ROWS), hq, b), block: bwd::AUX_THREADS, smem_bytes: 0 };
+    // The aux kernels take the heads as x and stride over the row blocks in y
+    // (`kernels_gpu::bwd::preprocess::row_blocks`).
+    let aux = |kernel, rows: u32| {
+        let y = rows.div_ceil(bwd::PREPROCESS_ROWS).min(MAX_GRID_YZ as u32);
+        Launch { kernel, grid: (hq, y, b), block: bwd::AUX_THREADS, smem_bytes: 0 }
+    };
     let launches = [
         aux(pre, padded),
         Launch {

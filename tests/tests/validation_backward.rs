@@ -57,9 +57,9 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
         assert_eq!(plan.launches[1].grid, (500u32.div_ceil(bn), 2, 2));
         assert_eq!(plan.launches[1].block, bwd::THREADS);
         assert!(plan.launches[1].smem_bytes <= common::fa3::MAX_SMEM);
-        // Pre: every padded query row; post: every query row.
-        assert_eq!(plan.launches[0].grid, (bwd::padded_rows(300, d as u32) / 64, 8, 2));
-        assert_eq!(plan.launches[2].grid, (300u32.div_ceil(64), 8, 2));
+        // Pre: every padded query row; post: every query row; the heads as x.
+        assert_eq!(plan.launches[0].grid, (8, bwd::padded_rows(300, d as u32) / 64, 2));
+        assert_eq!(plan.launches[2].grid, (8, 300u32.div_ceil(64), 2));
         let p = plan.params;
         let ws = WorkspaceLayout::new(2, 300, 8, d);
         assert_eq!(p.lse_log2 - t.workspace.0, ws.lse_log2 as u64);
@@ -91,6 +91,32 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
             assert_eq!(plan.launches[1].smem_bytes, bwd::SmemLayout::new(d as u32, 64).total);
             assert_eq!(plan.params.padded_rows, p.padded_rows);
         }
+    }
+}
+
+#[test]
+fn aux_grids_stay_within_the_y_limit_at_millions_of_query_rows() {
+    // 5M query rows are 81920 row blocks: grid y is capped at 65535 and the kernels
+    // stride over the rest (`kernels_gpu::bwd::preprocess::row_blocks`).
+    let rows = 5 << 20;
+    let (qs, ks) = ([1, rows, 1, 64], [1, 256, 1, 64]);
+    let dt = DType::F16;
+    let t = BwdTensors {
+        q: packed(qs, dt, 0),
+        k: packed(ks, dt, 1),
+        v: packed(ks, dt, 2),
+        out: packed(qs, dt, 3),
+        dout: packed(qs, dt, 4),
+        lse: (0x7f00_0000_0000 + (5 << 36), rows),
+        dq: packed(qs, dt, 6),
+        dk: packed(ks, dt, 7),
+        dv: packed(ks, dt, 8),
+        workspace: (0x7f00_0000_0000 + (9 << 36), backward_workspace_bytes(1, rows, 1, 64)),
+        ..good(64)
+    };
+    let plan = plan_backward(&t, &AttnOptions::default(), 132).unwrap();
+    for l in [plan.launches[0], plan.launches[2]] {
+        assert_eq!(l.grid, (1, 65535, 1));
     }
 }
 

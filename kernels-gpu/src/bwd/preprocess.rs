@@ -1,86 +1,141 @@
 //! The backward's first launch: per query row `D = rowsum(dO ∘ O)` and the LSE times
 //! log2 e into the padded workspaces (rows past `seqlen_q`: D = 0, LSE = +inf, so that
-//! their `P` is 0), the row of the fp32 dQ accumulator zeroed, and in deterministic mode
-//! the query block's semaphores; with attention sinks, each warp's partial sum of the
-//! sink gradient `−exp(sink − LSE) · D` over its rows (summed by the postprocess). Grid `(padded_rows / PREPROCESS_ROWS, heads_q, batch)`,
-//! [`AUX_THREADS`] threads: one warp per row at a time.
+//! their `P` is 0), the row block of the fp32 dQ accumulator zeroed, and in deterministic
+//! mode the query block's semaphore; with attention sinks, each warp's partial sum of the
+//! sink gradient `−exp(sink − LSE) · D` over its rows (summed by the postprocess).
+//! Grid `(heads_q, row blocks of PREPROCESS_ROWS, batch)` ([`row_blocks`]),
+//! [`AUX_THREADS`] threads.
+//!
+//! The kernel is a pure memory pass (hdim 128, 16 x 1k x 16 heads: 64 MiB of O and of dO
+//! read, 128 MiB of accumulator zeroed), so it keeps as many bytes in flight as it can:
+//! 16-byte loads, every load of a warp's rows issued before the first is used, and the
+//! accumulator's zeros stored while they are in flight.
 use crate::element::Element;
 use crate::ptx::{global, math, sreg};
 use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS};
 
+const WARPS: u32 = AUX_THREADS / 32;
+/// Rows of a row block per warp.
+const WARP_ROWS: u32 = PREPROCESS_ROWS / WARPS;
+// One semaphore per accumulator block: the row block's first row owns it.
+const _: () = assert!(PREPROCESS_ROWS == ACCUM_ROWS && PREPROCESS_ROWS % WARPS == 0);
+
+/// Runs `f(block)` for each row block (of [`PREPROCESS_ROWS`] rows, `rows` in all) of
+/// this CTA. The heads are the grid's x, so that the CTAs that run together cover every
+/// head of the same tokens: whole `[b, s, h, d]` rows of O, dO and dQ rather than one
+/// head's 128-512 bytes of each, 2-4 KiB apart. The row blocks are y, strided by the grid
+/// (the host caps y at 65535).
+#[inline(always)]
+pub(crate) fn row_blocks(rows: u32, mut f: impl FnMut(u32)) {
+    let blocks = rows.div_ceil(PREPROCESS_ROWS);
+    let mut block = sreg::block_idx_y();
+    while block < blocks {
+        f(block);
+        block += sreg::grid_dim_y();
+    }
+}
+
 /// The preprocess kernel body for element type `E` at head dim `HDIM`.
 ///
 /// # Safety
-/// The host sized and validated every buffer of `p`.
+/// The host sized and validated every buffer of `p` (rows of O and dO start 16-byte
+/// aligned).
 #[inline(always)]
 pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
-    let (head, batch) = (sreg::block_idx_y(), sreg::block_idx_z());
-    let (warp, lane) = (sreg::thread_idx_x() / 32, sreg::thread_idx_x() % 32);
+    let (head, batch) = (sreg::block_idx_x(), sreg::block_idx_z());
+    let t = sreg::thread_idx_x();
+    let (warp, lane) = (t / 32, t % 32);
     let bh = (batch * p.heads_q + head) as u64;
-    let warps = AUX_THREADS / 32;
-    let mut row = sreg::block_idx_x() * PREPROCESS_ROWS + warp;
-    // With sinks: this warp's part of the head's sink gradient (lane 0), in log2 units.
+    // 16 bytes (8 elements) a lane: a row takes `lanes` lanes, a warp-wide load covers
+    // `32 / lanes` rows, and the warp's rows take `passes` loads of O and of dO a lane.
+    let lanes = HDIM / 8;
+    let passes = WARP_ROWS * lanes / 32;
+    let (sub, col) = (lane / lanes, 8 * (lane % lanes));
+    let leader = lane % lanes == 0;
+    // With sinks: the head's sink in log2 units.
     let sink_log2 = if p.sinks != 0 {
         // SAFETY: the host checked that the sinks cover every query head.
         f32::from_bits(unsafe { global::ld_nc_u32(p.sinks + 4 * head as u64) }) * core::f32::consts::LOG2_E
     } else {
         0.0
     };
-    let mut dsink = 0.0f32;
-    while row < (sreg::block_idx_x() + 1) * PREPROCESS_ROWS && row < p.padded_rows {
-        let mut dot = 0.0f32;
-        if row < p.seqlen_q {
-            let at = |base: u64, s: common::Strides, col: u32| {
-                base + 2 * (batch as u64 * s.batch + row as u64 * s.row + head as u64 * s.head + col as u64)
-            };
-            for chunk in 0..HDIM / 64 {
-                let col = 64 * chunk + 2 * lane;
-                // SAFETY: inside the host-checked o and dout; 4 B aligned (even column).
-                let (o, d) = unsafe { (global::ld_nc_u32(at(p.o, p.o_strides, col)), global::ld_nc_u32(at(p.dout, p.dout_strides, col))) };
-                let (o, d) = (E::unpack2(o), E::unpack2(d));
+    row_blocks(p.padded_rows, |block| {
+        let first = block * PREPROCESS_ROWS;
+        let row_of = |pass: u32| first + warp * WARP_ROWS + pass * (32 / lanes) + sub;
+        let at = |base: u64, s: common::Strides, row: u32| {
+            base + 2 * (batch as u64 * s.batch + row as u64 * s.row + head as u64 * s.head + col as u64)
+        };
+        // (At most 8 passes, at hdim 256; unrolled, the arrays live in registers.)
+        let (mut o, mut d, mut lse) = ([[0u32; 4]; 8], [[0u32; 4]; 8], [f32::INFINITY.to_bits(); 8]);
+        for pass in 0..passes {
+            let row = row_of(pass);
+            if row < p.seqlen_q {
+                // SAFETY: inside the host-checked o and dout; rows start 16 B aligned.
+                unsafe {
+                    o[pass as usize] = global::ld_nc_v4_u32(at(p.o, p.o_strides, row));
+                    d[pass as usize] = global::ld_nc_v4_u32(at(p.dout, p.dout_strides, row));
+                }
+            }
+        }
+        if leader {
+            for pass in 0..passes {
+                let row = row_of(pass);
+                if row < p.seqlen_q {
+                    // SAFETY: the forward's LSE, `[batch, heads_q, seqlen_q]`.
+                    lse[pass as usize] = unsafe { global::ld_nc_u32(p.lse + 4 * (bh * p.seqlen_q as u64 + row as u64)) };
+                }
+            }
+        }
+        // The block's accumulator rows are contiguous (`dq_accum_index` orders within a
+        // block): zeroed with 16-byte stores while the loads are in flight.
+        let accum = p.dq_accum + 4 * (bh * p.padded_rows as u64 + first as u64) * HDIM as u64;
+        let mut i = 4 * t;
+        while i < PREPROCESS_ROWS * HDIM {
+            // SAFETY: inside the padded accumulator; 16 B aligned.
+            unsafe { global::st_v4_f32(accum + 4 * i as u64, [0.0; 4]) };
+            i += 4 * AUX_THREADS;
+        }
+        if p.dq_semaphore != 0 && t == 0 && first < p.seqlen_q {
+            // (Rows padded past the last query block have no counter.)
+            let blocks = p.seqlen_q.div_ceil(ACCUM_ROWS) as u64;
+            // SAFETY: one u32 per (batch, head, query block), host-sized.
+            unsafe { global::st_u32(p.dq_semaphore + 4 * (bh * blocks + block as u64), 0) };
+        }
+        let mut dsink = 0.0f32;
+        for pass in 0..passes {
+            let (o, d) = (o[pass as usize], d[pass as usize]);
+            let mut dot = 0.0f32;
+            for k in 0..4 {
+                let (o, d) = (E::unpack2(o[k]), E::unpack2(d[k]));
                 dot = math::fma(o[0], d[0], math::fma(o[1], d[1], dot));
             }
-        }
-        for mask in [16, 8, 4, 2, 1] {
-            dot += math::shfl_xor_f32(dot, mask);
-        }
-        let vector = bh * p.padded_rows as u64 + row as u64;
-        if lane == 0 {
-            let lse = if row < p.seqlen_q {
-                // SAFETY: the forward's LSE, `[batch, heads_q, seqlen_q]`.
-                let lse = unsafe { global::ld_nc_u32(p.lse + 4 * (bh * p.seqlen_q as u64 + row as u64)) };
-                f32::from_bits(lse) * core::f32::consts::LOG2_E
-            } else {
-                f32::INFINITY
-            };
-            // SAFETY: inside the padded workspaces.
-            unsafe {
-                global::st_f32(p.lse_log2 + 4 * vector, lse);
-                global::st_f32(p.dpsum + 4 * vector, dot);
+            let mut mask = lanes / 2;
+            while mask > 0 {
+                dot += math::shfl_xor_f32(dot, mask);
+                mask /= 2;
             }
-            // Padded rows: exp2(-inf) = 0.
-            dsink -= math::exp2(sink_log2 - lse) * dot;
-            // (Rows padded past the last 64-row block have no counter.)
-            if p.dq_semaphore != 0 && row % ACCUM_ROWS == 0 && row < p.seqlen_q {
-                let blocks = p.seqlen_q.div_ceil(ACCUM_ROWS) as u64;
-                // SAFETY: one u32 per (batch, head, query block), host-sized.
-                unsafe { global::st_u32(p.dq_semaphore + 4 * (bh * blocks + (row / ACCUM_ROWS) as u64), 0) };
+            if leader {
+                let row = row_of(pass);
+                let lse = f32::from_bits(lse[pass as usize]) * core::f32::consts::LOG2_E;
+                let vector = bh * p.padded_rows as u64 + row as u64;
+                // SAFETY: inside the padded workspaces (the grid covers `padded_rows`).
+                unsafe {
+                    global::st_f32(p.lse_log2 + 4 * vector, lse);
+                    global::st_f32(p.dpsum + 4 * vector, dot);
+                }
+                // Padded rows: exp2(-inf) = 0.
+                dsink -= math::exp2(sink_log2 - lse) * dot;
             }
         }
-        // The row of the dQ accumulator: 4 floats a lane.
-        let accum = p.dq_accum + 4 * vector * HDIM as u64;
-        let mut col = 4 * lane;
-        while col < HDIM {
-            // SAFETY: inside the padded accumulator; 16 B aligned.
-            unsafe { global::st_v4_f32(accum + 4 * col as u64, [0.0; 4]) };
-            col += 128;
+        if p.sinks != 0 {
+            for mask in [16, 8, 4, 2, 1] {
+                dsink += math::shfl_xor_f32(dsink, mask);
+            }
+            if lane == 0 {
+                let slot = (bh * p.padded_rows.div_ceil(PREPROCESS_ROWS) as u64 + block as u64) * WARPS as u64 + warp as u64;
+                // SAFETY: one f32 per (batch, head, row block, warp), host-sized.
+                unsafe { global::st_f32(p.sink_partials + 4 * slot, dsink) };
+            }
         }
-        row += warps;
-    }
-    if p.sinks != 0 && lane == 0 {
-        let blocks = p.padded_rows.div_ceil(PREPROCESS_ROWS) as u64;
-        let slot = (bh * blocks + sreg::block_idx_x() as u64) * warps as u64 + warp as u64;
-        // SAFETY: one f32 per (batch, head, row block, warp), host-sized.
-        unsafe { global::st_f32(p.sink_partials + 4 * slot, dsink) };
-    }
+    });
 }

@@ -91,6 +91,22 @@ pub unsafe fn ld_nc_v2_u32(addr: u64) -> [u32; 2] {
     [a, b]
 }
 
+/// Loads 16 bytes (four consecutive `u32`) from global memory through the read-only
+/// (non-coherent) path.
+///
+/// # Safety
+/// `addr` must be a valid, 16-byte aligned global address of data no thread of the launch
+/// writes.
+#[inline(always)]
+pub unsafe fn ld_nc_v4_u32(addr: u64) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.global.nc.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+             out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) addr, options(nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
 /// Loads one byte from global memory through the read-only (non-coherent) path.
 ///
 /// # Safety

@@ -24,6 +24,8 @@ sreg!(/// CTA index in the grid (z).
     block_idx_z, "%ctaid.z");
 sreg!(/// Grid size in CTAs (x).
     grid_dim_x, "%nctaid.x");
+sreg!(/// Grid size in CTAs (y).
+    grid_dim_y, "%nctaid.y");
 sreg!(/// Lane in the warp, 0..32.
     lane_id, "%laneid");
 sreg!(/// This CTA's rank in its cluster.
