@@ -30,7 +30,7 @@ pub struct WorkspaceLayout {
 }
 
 impl WorkspaceLayout {
-    /// The layout for q of shape `[batch, seqlen_q, heads_q, hdim]` (hdim 64 or 128).
+    /// The layout for q of shape `[batch, seqlen_q, heads_q, hdim]` (hdim 64, 128 or 256).
     pub fn new(batch: usize, seqlen_q: usize, heads_q: usize, hdim: usize) -> Self {
         let up = |x: usize| x.div_ceil(REGION_ALIGN) * REGION_ALIGN;
         let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32) as usize;

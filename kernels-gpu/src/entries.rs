@@ -124,14 +124,16 @@ macro_rules! bwd_entries {
         bwd_entries!(@ $stage $name, $dtype, $d, $score_mod, $mask);
     )*};
     (@ Preprocess $name:ident, $dtype:ident, $d:literal, $score_mod:ident, $mask:ident) => {
-        /// Backward preprocess; grid `(padded rows / 64, heads_q, batch)`, 256 threads.
+        /// Backward preprocess; grid `(heads_q, min(padded rows / 64, 65535), batch)` (row
+        /// blocks strided over y: `bwd::preprocess::row_blocks`), 256 threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             unsafe { bwd::preprocess::preprocess::<element::$dtype, $d>(p) }
         }
     };
     (@ Postprocess $name:ident, $dtype:ident, $d:literal, $score_mod:ident, $mask:ident) => {
-        /// Backward postprocess; grid `(ceil(seqlen_q / 64), heads_q, batch)`, 256 threads.
+        /// Backward postprocess; grid `(heads_q, min(ceil(seqlen_q / 64), 65535), batch)`,
+        /// 256 threads.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
             unsafe { bwd::postprocess::postprocess::<element::$dtype, $d>(p) }
