@@ -53,6 +53,47 @@ pub const STAGES: u32 = 2;
 pub const AUX_THREADS: u32 = 256;
 /// Query rows of a preprocess and postprocess row block (8 a warp in the preprocess).
 pub const PREPROCESS_ROWS: u32 = 64;
+/// Rows of a preprocess row block per warp.
+pub const PREPROCESS_WARP_ROWS: u32 = PREPROCESS_ROWS / (AUX_THREADS / 32);
+
+/// How a preprocess warp reads its rows of O and dO: 16 bytes (8 elements) a lane, so a
+/// row takes `lanes` lanes (8, 16, 32 at hdim 64, 128, 256) and one warp-wide load
+/// `32 / lanes` rows; warp `w`'s rows of a block are `w · 8 ..+ 8`, in `passes` loads a
+/// lane. A row's lanes are an aligned group of `lanes` (its D is summed by xor shuffles
+/// inside the group), and the group's first lane leads the row (its LSE, D and stores).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreprocessLanes {
+    /// Lanes a row.
+    pub lanes: u32,
+    /// Loads of O (and of dO) a lane for the warp's rows.
+    pub passes: u32,
+}
+
+impl PreprocessLanes {
+    #[inline(always)]
+    pub const fn new(hdim: u32) -> Self {
+        let lanes = hdim / 8;
+        PreprocessLanes { lanes, passes: PREPROCESS_WARP_ROWS * lanes / 32 }
+    }
+
+    /// The row (within the block) that lane `lane` of warp `warp` loads at pass `pass`.
+    #[inline(always)]
+    pub const fn row(self, warp: u32, lane: u32, pass: u32) -> u32 {
+        warp * PREPROCESS_WARP_ROWS + pass * (32 / self.lanes) + lane / self.lanes
+    }
+
+    /// The first of the 8 columns lane `lane` loads.
+    #[inline(always)]
+    pub const fn col(self, lane: u32) -> u32 {
+        8 * (lane % self.lanes)
+    }
+
+    /// Whether lane `lane` leads its row.
+    #[inline(always)]
+    pub const fn leads(self, lane: u32) -> bool {
+        lane % self.lanes == 0
+    }
+}
 
 /// Queries of a step (of `block_m` rows) whose `Sᵀ` and `dPᵀ` a consumer warpgroup
 /// computes: all, or half where the warpgroups split the head dimension.
@@ -793,6 +834,34 @@ mod tests {
     use crate::fa3::MAX_SMEM;
     use crate::window::KeyWindow;
     use std::format;
+
+    #[test]
+    fn preprocess_lanes_cover_each_row_block_element_once_with_one_leader_a_row() {
+        for hdim in HEAD_DIMS {
+            let l = PreprocessLanes::new(hdim);
+            let mut seen = std::vec![0u32; (PREPROCESS_ROWS * hdim / 8) as usize];
+            let mut leaders = std::vec![0u32; PREPROCESS_ROWS as usize];
+            for warp in 0..AUX_THREADS / 32 {
+                for pass in 0..l.passes {
+                    for lane in 0..32 {
+                        let (row, col) = (l.row(warp, lane, pass), l.col(lane));
+                        assert!(row < PREPROCESS_ROWS && col + 8 <= hdim && col % 8 == 0);
+                        assert!((warp * PREPROCESS_WARP_ROWS..(warp + 1) * PREPROCESS_WARP_ROWS).contains(&row), "a warp keeps to its rows");
+                        seen[(row * hdim / 8 + col / 8) as usize] += 1;
+                        // The row's lanes: the aligned group of `lanes` holding this lane.
+                        let group = lane / l.lanes * l.lanes;
+                        assert!((group..group + l.lanes).all(|g| l.row(warp, g, pass) == row));
+                        if l.leads(lane) {
+                            assert_eq!(lane, group);
+                            leaders[row as usize] += 1;
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "hdim {hdim}: every 16 bytes of the block once");
+            assert!(leaders.iter().all(|&n| n == 1), "hdim {hdim}: one leader a row");
+        }
+    }
 
     /// Simulates the deterministic orders: every CTA of a (head, batch) steps through its
     /// query blocks, one per step. At each query block the turns of the CTAs that visit

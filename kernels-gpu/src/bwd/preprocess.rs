@@ -12,11 +12,9 @@
 //! accumulator's zeros stored while they are in flight.
 use crate::element::Element;
 use crate::ptx::{global, math, sreg};
-use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS};
+use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS, PreprocessLanes};
 
 const WARPS: u32 = AUX_THREADS / 32;
-/// Rows of a row block per warp.
-const WARP_ROWS: u32 = PREPROCESS_ROWS / WARPS;
 // One semaphore per accumulator block: the row block's first row owns it.
 const _: () = assert!(PREPROCESS_ROWS == ACCUM_ROWS && PREPROCESS_ROWS % WARPS == 0);
 
@@ -46,12 +44,9 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
     let t = sreg::thread_idx_x();
     let (warp, lane) = (t / 32, t % 32);
     let bh = (batch * p.heads_q + head) as u64;
-    // 16 bytes (8 elements) a lane: a row takes `lanes` lanes, a warp-wide load covers
-    // `32 / lanes` rows, and the warp's rows take `passes` loads of O and of dO a lane.
-    let lanes = HDIM / 8;
-    let passes = WARP_ROWS * lanes / 32;
-    let (sub, col) = (lane / lanes, 8 * (lane % lanes));
-    let leader = lane % lanes == 0;
+    // 16 bytes (8 elements) a lane; `PreprocessLanes` maps lanes to rows and columns.
+    let lanes = PreprocessLanes::new(HDIM);
+    let (passes, col, leader) = (lanes.passes, lanes.col(lane), lanes.leads(lane));
     // With sinks: the head's sink in log2 units.
     let sink_log2 = if p.sinks != 0 {
         // SAFETY: the host checked that the sinks cover every query head.
@@ -61,7 +56,7 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
     };
     row_blocks(p.padded_rows, |block| {
         let first = block * PREPROCESS_ROWS;
-        let row_of = |pass: u32| first + warp * WARP_ROWS + pass * (32 / lanes) + sub;
+        let row_of = |pass: u32| first + lanes.row(warp, lane, pass);
         let at = |base: u64, s: common::Strides, row: u32| {
             base + 2 * (batch as u64 * s.batch + row as u64 * s.row + head as u64 * s.head + col as u64)
         };
@@ -109,7 +104,7 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
                 let (o, d) = (E::unpack2(o[k]), E::unpack2(d[k]));
                 dot = math::fma(o[0], d[0], math::fma(o[1], d[1], dot));
             }
-            let mut mask = lanes / 2;
+            let mut mask = lanes.lanes / 2;
             while mask > 0 {
                 dot += math::shfl_xor_f32(dot, mask);
                 mask /= 2;
