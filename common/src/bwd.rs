@@ -56,6 +56,13 @@ pub const PREPROCESS_ROWS: u32 = 64;
 /// Rows of a preprocess row block per warp.
 pub const PREPROCESS_WARP_ROWS: u32 = PREPROCESS_ROWS / (AUX_THREADS / 32);
 
+/// The sinks' partial gradients of one (batch, query head): one f32 per preprocess warp
+/// of each row block of `padded_rows` rows (`BwdParams::sink_partials` holds them
+/// `[batch, heads_q, row block, warp]`).
+pub const fn sink_partials_per_head(padded_rows: u32) -> u32 {
+    padded_rows.div_ceil(PREPROCESS_ROWS) * (AUX_THREADS / 32)
+}
+
 /// How a preprocess warp reads its rows of O and dO: 16 bytes (8 elements) a lane, so a
 /// row takes `lanes` lanes (8, 16, 32 at hdim 64, 128, 256) and one warp-wide load
 /// `32 / lanes` rows; warp `w`'s rows of a block are `w · 8 ..+ 8`, in `passes` loads a
@@ -495,8 +502,8 @@ pub struct BwdParams {
     /// Attention sinks: f32 logits `[heads_q]` (as `FwdParams::sinks`; the forward's LSE
     /// includes them, so the main kernel needs nothing), their gradient `dsinks`
     /// (`[heads_q]`, written by the postprocess) and its partial sums
-    /// `sink_partials` (f32 `[batch, heads_q, padded_rows / PREPROCESS_ROWS,
-    /// AUX_THREADS / 32]`, one per preprocess warp). 0: no sinks.
+    /// `sink_partials` (f32, [`sink_partials_per_head`] per (batch, query head), one per
+    /// preprocess warp). 0: no sinks.
     pub sinks: u64,
     pub dsinks: u64,
     pub sink_partials: u64,

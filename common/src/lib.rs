@@ -242,6 +242,14 @@ pub struct Strides {
     pub head: u64,
 }
 
+impl Strides {
+    /// The element index of (`batch`, `row`, `head`, `col`).
+    #[inline(always)]
+    pub const fn element(self, batch: u32, row: u32, head: u32, col: u32) -> u64 {
+        batch as u64 * self.batch + row as u64 * self.row + head as u64 * self.head + col as u64
+    }
+}
+
 /// The TMA descriptors of the FA3 kernels (`CUtensorMap`s of q, k, v, o, 128 B each),
 /// the kernels' first parameter. The PTX builder raises its `.param` alignment to 128
 /// bytes, as nvcc emits for a `__grid_constant__ CUtensorMap` (the TMA unit needs 64;

@@ -37,8 +37,7 @@ impl WorkspaceLayout {
         let vector = up(batch * heads_q * padded * 4);
         let accum = up(batch * heads_q * padded * hdim * 4);
         let semaphores = up(batch * heads_q * seqlen_q.div_ceil(bwd::ACCUM_ROWS as usize) * 4);
-        let warps = (bwd::AUX_THREADS / 32) as usize;
-        let partials = up(batch * heads_q * padded.div_ceil(bwd::PREPROCESS_ROWS as usize) * warps * 4);
+        let partials = up(batch * heads_q * bwd::sink_partials_per_head(padded as u32) as usize * 4);
         let sink_partials = 2 * vector + accum + semaphores;
         WorkspaceLayout {
             lse_log2: 0,

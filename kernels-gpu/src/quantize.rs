@@ -15,8 +15,7 @@ use common::fp8::{QUANTIZE_THREADS, QuantizeOutput, QuantizeParams, block_factor
 /// `signs != 0`.
 #[inline(always)]
 unsafe fn load_row<E: Element, const HDIM: u32, const PER_LANE: usize>(p: &QuantizeParams, batch: u32, head: u32, row: u32, lane: u32) -> [f32; PER_LANE] {
-    let s = p.src_strides;
-    let base = p.src + 2 * (batch as u64 * s.batch + row as u64 * s.row + head as u64 * s.head + (lane as usize * PER_LANE) as u64);
+    let base = p.src + 2 * p.src_strides.element(batch, row, head, lane * PER_LANE as u32);
     let mut x = [0.0f32; PER_LANE];
     for w in 0..PER_LANE / 2 {
         // SAFETY: inside the host-checked input row; 4 B aligned (even column, 16 B rows).

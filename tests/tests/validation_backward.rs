@@ -14,19 +14,23 @@ fn packed(shape: [usize; 4], dtype: DType, buffer: u64) -> TensorDesc {
 
 /// A valid call: q 2 x 300 x 8 x `d`, k/v 2 x 500 x 2 x `d` (GQA 4), bf16.
 fn good(d: usize) -> BwdTensors {
-    let (qs, ks) = ([2, 300, 8, d], [2, 500, 2, d]);
-    let dt = DType::BF16;
+    call([2, 300, 8, d], [2, 500, 2, d], DType::BF16)
+}
+
+/// A call with packed q, out, dout, dq of shape `qs` and k, v, dk, dv of shape `ks`, and
+/// a workspace of the size it needs.
+fn call(qs: [usize; 4], ks: [usize; 4], dt: DType) -> BwdTensors {
     BwdTensors {
         q: packed(qs, dt, 0),
         k: packed(ks, dt, 1),
         v: packed(ks, dt, 2),
         out: packed(qs, dt, 3),
         dout: packed(qs, dt, 4),
-        lse: (0x7f00_0000_0000 + (5 << 36), 2 * 8 * 300),
+        lse: (0x7f00_0000_0000 + (5 << 36), qs[0] * qs[2] * qs[1]),
         dq: packed(qs, dt, 6),
         dk: packed(ks, dt, 7),
         dv: packed(ks, dt, 8),
-        workspace: (0x7f00_0000_0000 + (9 << 36), backward_workspace_bytes(2, 300, 8, d)),
+        workspace: (0x7f00_0000_0000 + (9 << 36), backward_workspace_bytes(qs[0], qs[1], qs[2], qs[3])),
         alibi: None,
         sinks: None,
         dsinks: None,
@@ -98,22 +102,7 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
 fn aux_grids_stay_within_the_y_limit_at_millions_of_query_rows() {
     // 5M query rows are 81920 row blocks: grid y is capped at 65535 and the kernels
     // stride over the rest (`kernels_gpu::bwd::preprocess::row_blocks`).
-    let rows = 5 << 20;
-    let (qs, ks) = ([1, rows, 1, 64], [1, 256, 1, 64]);
-    let dt = DType::F16;
-    let t = BwdTensors {
-        q: packed(qs, dt, 0),
-        k: packed(ks, dt, 1),
-        v: packed(ks, dt, 2),
-        out: packed(qs, dt, 3),
-        dout: packed(qs, dt, 4),
-        lse: (0x7f00_0000_0000 + (5 << 36), rows),
-        dq: packed(qs, dt, 6),
-        dk: packed(ks, dt, 7),
-        dv: packed(ks, dt, 8),
-        workspace: (0x7f00_0000_0000 + (9 << 36), backward_workspace_bytes(1, rows, 1, 64)),
-        ..good(64)
-    };
+    let t = call([1, 5 << 20, 1, 64], [1, 256, 1, 64], DType::F16);
     let plan = plan_backward(&t, &AttnOptions::default(), 132).unwrap();
     for l in [plan.launches[0], plan.launches[2]] {
         assert_eq!(l.grid, (1, 65535, 1));

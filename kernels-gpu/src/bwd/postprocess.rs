@@ -7,7 +7,7 @@
 use super::preprocess::row_blocks;
 use crate::element::Element;
 use crate::ptx::{global, math, sreg};
-use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS, dq_accum_index};
+use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS, dq_accum_index, sink_partials_per_head};
 
 /// The postprocess kernel body for element type `E` at head dim `HDIM`.
 ///
@@ -32,8 +32,7 @@ pub unsafe fn postprocess<E: Element, const HDIM: u32>(p: BwdParams) {
             let accum = p.dq_accum + 4 * (base + dq_accum_index(HDIM, row % bm, col) as u64);
             // SAFETY: inside the padded accumulator; 8 B aligned (even column).
             let v = unsafe { global::ld_v2_f32(accum) };
-            let s = p.dq_strides;
-            let dst = p.dq + 2 * (batch as u64 * s.batch + row as u64 * s.row + head as u64 * s.head + col as u64);
+            let dst = p.dq + 2 * p.dq_strides.element(batch, row, head, col);
             // SAFETY: inside the host-checked dq; 4 B aligned (even column).
             unsafe { global::st_u32(dst, E::pack2(v[0] * p.softmax_scale, v[1] * p.softmax_scale)) };
             row += rows_per_pass;
@@ -41,7 +40,7 @@ pub unsafe fn postprocess<E: Element, const HDIM: u32>(p: BwdParams) {
     });
     if p.sinks != 0 && sreg::block_idx_y() == 0 && batch == 0 && t < 32 {
         // Lane t sums partials t, t + 32, ... of every batch, then a fixed butterfly.
-        let per_bh = (p.padded_rows.div_ceil(PREPROCESS_ROWS) * (AUX_THREADS / 32)) as u64;
+        let per_bh = sink_partials_per_head(p.padded_rows) as u64;
         let mut sum = 0.0f32;
         for b in 0..p.batch as u64 {
             let base = (b * p.heads_q as u64 + head as u64) * per_bh;

@@ -12,7 +12,7 @@
 //! accumulator's zeros stored while they are in flight.
 use crate::element::Element;
 use crate::ptx::{global, math, sreg};
-use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS, PreprocessLanes};
+use common::bwd::{ACCUM_ROWS, AUX_THREADS, BwdParams, PREPROCESS_ROWS, PreprocessLanes, sink_partials_per_head};
 
 const WARPS: u32 = AUX_THREADS / 32;
 // One semaphore per accumulator block: the row block's first row owns it.
@@ -57,9 +57,7 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
     row_blocks(p.padded_rows, |block| {
         let first = block * PREPROCESS_ROWS;
         let row_of = |pass: u32| first + lanes.row(warp, lane, pass);
-        let at = |base: u64, s: common::Strides, row: u32| {
-            base + 2 * (batch as u64 * s.batch + row as u64 * s.row + head as u64 * s.head + col as u64)
-        };
+        let at = |base: u64, s: common::Strides, row: u32| base + 2 * s.element(batch, row, head, col);
         // (At most 8 passes, at hdim 256; unrolled, the arrays live in registers.)
         let (mut o, mut d, mut lse) = ([[0u32; 4]; 8], [[0u32; 4]; 8], [f32::INFINITY.to_bits(); 8]);
         for pass in 0..passes {
@@ -127,7 +125,7 @@ pub unsafe fn preprocess<E: Element, const HDIM: u32>(p: BwdParams) {
                 dsink += math::shfl_xor_f32(dsink, mask);
             }
             if lane == 0 {
-                let slot = (bh * p.padded_rows.div_ceil(PREPROCESS_ROWS) as u64 + block as u64) * WARPS as u64 + warp as u64;
+                let slot = bh * sink_partials_per_head(p.padded_rows) as u64 + block as u64 * WARPS as u64 + warp as u64;
                 // SAFETY: one f32 per (batch, head, row block, warp), host-sized.
                 unsafe { global::st_f32(p.sink_partials + 4 * slot, dsink) };
             }
