@@ -303,11 +303,12 @@ pub struct Quantized {
     pub scales: Descale,
 }
 
-/// `hdim` random signs (±1, f32) from `seed`, on the device, for incoherent processing.
-pub fn hadamard_signs(stream: &Arc<CudaStream>, hdim: usize, seed: u64) -> Result<CudaSlice<f32>> {
-    // SplitMix64: a fixed, documented stream of bits for a seed.
+/// `hdim` random signs (±1) from `seed`: SplitMix64, a fixed, documented stream of bits
+/// for a seed, so that a host emulation of the transform (`reference::fp8::Hadamard::from_seed`)
+/// uses the device's signs.
+pub fn hadamard_sign_values(hdim: usize, seed: u64) -> Vec<f32> {
     let mut x = seed;
-    let signs: Vec<f32> = (0..hdim)
+    (0..hdim)
         .map(|_| {
             x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
             let mut z = x;
@@ -315,8 +316,12 @@ pub fn hadamard_signs(stream: &Arc<CudaStream>, hdim: usize, seed: u64) -> Resul
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             if (z ^ (z >> 31)) & 1 == 1 { -1.0 } else { 1.0 }
         })
-        .collect();
-    Ok(stream.clone_htod(&signs)?)
+        .collect()
+}
+
+/// [`hadamard_sign_values`] on the device, for incoherent processing.
+pub fn hadamard_signs(stream: &Arc<CudaStream>, hdim: usize, seed: u64) -> Result<CudaSlice<f32>> {
+    Ok(stream.clone_htod(&hadamard_sign_values(hdim, seed))?)
 }
 
 /// Rows per scale block of `role` at head dim `hdim`.

@@ -494,7 +494,7 @@ fn cpu_demo(causal: bool, variants: &VariantArgs, seed: u64, backward: bool) -> 
 }
 
 fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
-    use flash_attn3::reference::fp8::{fp8_accuracy, outlier_tensor, rmse};
+    use flash_attn3::reference::fp8::{Hadamard, fp8_accuracy, outlier_tensor, rmse};
     // The kernel's scale blocks where it has one, so that both sets of columns match.
     let kernel_tile = |f: fn(u32) -> u32| if flash_attn3::fp8::HEAD_DIMS.contains(&(a.hdim as u32)) { f(a.hdim as u32) as usize } else { 128 };
     let block_m = a.block_m.unwrap_or_else(|| kernel_tile(common::fp8::block_m));
@@ -504,10 +504,10 @@ fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
     }
     let gpu = Gpu::new(a.device).map_err(|e| eprintln!("GPU columns skipped: {e}")).ok();
     println!("CPU emulation: blocks of {block_m} query rows and {block_n} keys; the FP8 kernel: its own tiles (bf16 inputs)");
-    println!("| seqlen | fp16 naive (CPU) | fp16 kernel (GPU) | FP8 per tensor | FP8 blocks | FP8 blocks + incoherent | per tensor / incoherent | FP8 kernel: per tensor | blocks | blocks + incoherent | per tensor / incoherent |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for &s in &a.seqlens.0 {
-        let mut r = rng(a.seed);
+    println!("| seqlen | seed | fp16 naive (CPU) | fp16 kernel (GPU) | FP8 per tensor | FP8 blocks | FP8 blocks + incoherent | per tensor / incoherent | FP8 kernel: per tensor | blocks | blocks + incoherent | per tensor / incoherent |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (&s, &seed) in a.seqlens.0.iter().flat_map(|s| a.seeds.iter().map(move |seed| (s, seed))) {
+        let mut r = rng(seed);
         let shape = [1, s, a.heads, a.hdim];
         let (q, k, v) = (outlier_tensor(shape, 1e-3, 10.0, &mut r), outlier_tensor(shape, 1e-3, 10.0, &mut r), outlier_tensor(shape, 1e-3, 10.0, &mut r));
         let scale = 1.0 / (a.hdim as f32).sqrt();
@@ -526,16 +526,16 @@ fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
             }
             None => "-".into(),
         };
-        let acc = fp8_accuracy(&q, &k, &v, &exact, block_m, block_n, &mut r);
+        let acc = fp8_accuracy(&q, &k, &v, &exact, block_m, block_n, &Hadamard::from_seed(a.hdim, seed));
         let fp8_kernel = match &gpu {
             Some(g) if flash_attn3::fp8::HEAD_DIMS.contains(&(a.hdim as u32)) => {
-                let [b, c, d] = fp8_kernel_rmse(g, [&q, &k, &v], &exact, a.seed)?;
+                let [b, c, d] = fp8_kernel_rmse(g, [&q, &k, &v], &exact, seed)?;
                 format!("{b:.2e} | {c:.2e} | {d:.2e} | {:.2}", b / d)
             }
             _ => "- | - | - | -".into(),
         };
         println!(
-            "| {s} | {naive:.2e} | {kernel} | {:.2e} | {:.2e} | {:.2e} | {:.2} | {fp8_kernel} |",
+            "| {s} | {seed} | {naive:.2e} | {kernel} | {:.2e} | {:.2e} | {:.2e} | {:.2} | {fp8_kernel} |",
             acc.per_tensor,
             acc.blocks,
             acc.blocks_incoherent,

@@ -129,6 +129,11 @@ impl Hadamard {
         Hadamard { signs: (0..hdim).map(|_| if rng.random::<bool>() { 1.0 } else { -1.0 }).collect() }
     }
 
+    /// The transform the quantization kernel applies for `seed` ([`crate::fp8::hadamard_sign_values`]).
+    pub fn from_seed(hdim: usize, seed: u64) -> Self {
+        Self::from_signs(crate::fp8::hadamard_sign_values(hdim, seed))
+    }
+
     /// The transform with these signs (±1; `hdim` of them, a power of two).
     pub fn from_signs(signs: Vec<f32>) -> Self {
         assert!(signs.len().is_power_of_two(), "{} signs: not a power of two", signs.len());
@@ -305,7 +310,7 @@ pub struct Fp8Accuracy {
 
 /// The accuracy experiment on inputs `q, k, v` (non-causal, scale `1/sqrt(d)`), with
 /// `exact` their f64 output, block scales of `block_m` query rows and `block_n` keys, and
-/// the Hadamard transform's signs from `rng`.
+/// `h` the incoherent processing of (d).
 pub fn fp8_accuracy(
     q: &HostTensor,
     k: &HostTensor,
@@ -313,7 +318,7 @@ pub fn fp8_accuracy(
     exact: &[f64],
     block_m: usize,
     block_n: usize,
-    rng: &mut impl Rng,
+    h: &Hadamard,
 ) -> Fp8Accuracy {
     let scale = 1.0 / (q.shape[3] as f32).sqrt();
     let run = |q: &HostTensor, k: &HostTensor, qg, kg| {
@@ -327,7 +332,6 @@ pub fn fp8_accuracy(
         rmse(&attention_fp8_lowp(&p, DType::BF16).o, exact)
     };
     let (qb, kb) = (Granularity::Blocks { rows: block_m }, Granularity::Blocks { rows: block_n });
-    let h = Hadamard::new(q.shape[3], rng);
     Fp8Accuracy {
         per_tensor: run(q, k, Granularity::PerTensor, Granularity::PerTensor),
         blocks: run(q, k, qb, kb),

@@ -206,9 +206,10 @@ pub struct Fp8AccuracyArgs {
     /// Keys per block scale of K and V in the CPU emulation (default: the FP8 kernel's)
     #[arg(long, value_name = "N")]
     pub block_n: Option<usize>,
-    /// Seed of the inputs and of the Hadamard signs
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seeds of the inputs and of the Hadamard signs (one row per seed and length; the
+    /// emulation and the kernel share the signs), comma-separated
+    #[arg(long, value_name = "S,...", value_delimiter = ',', default_value = "0")]
+    pub seeds: Vec<u64>,
     /// GPU ordinal for the fp16 kernel's row (skipped without a usable GPU)
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub device: usize,
