@@ -210,6 +210,9 @@ pub struct Fp8AccuracyArgs {
     /// emulation and the kernel share the signs), comma-separated
     #[arg(long, value_name = "S,...", value_delimiter = ',', default_value = "0")]
     pub seeds: Vec<u64>,
+    /// Only the GPU kernels' columns: skip the CPU's fp16 and FP8 emulation rows
+    #[arg(long)]
+    pub kernel_only: bool,
     /// GPU ordinal for the fp16 kernel's row (skipped without a usable GPU)
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub device: usize,
