@@ -250,6 +250,18 @@ impl Problem<'_> {
             .collect()
     }
 
+    /// [`Self::logits_f32`] with soft-capping's `tanh` rounded to `dtype` ([`attention_lowp`]).
+    fn logits_lowp(&self, b: usize, h: usize, i: usize, keys: std::ops::Range<usize>, dtype: DType) -> Vec<f32> {
+        let (Some(c), None) = (self.softcap, self.variant) else { return self.logits_f32(b, h, i, keys) };
+        let (_, _, _, hq, hk, _) = self.dims();
+        let (q, hkv) = (self.q.row(b, i, h), h / (hq / hk));
+        keys.map(|j| {
+            let x = q.iter().zip(self.k.row(b, j, hkv)).map(|(&a, &b)| a * b).sum::<f32>() * self.scale;
+            c * round_to(dtype, (x / c).tanh()) - self.alibi_bias(b, h, i, j)
+        })
+        .collect()
+    }
+
     fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
         let [b, sq, hq, d] = self.q.shape;
         let [_, sk, hk, _] = self.k.shape;
@@ -437,7 +449,11 @@ pub fn attention_f64(p: &Problem<'_>) -> AttnResult<f64> {
 }
 
 /// The straightforward low-precision implementation: f32 scores and softmax, P rounded
-/// to `dtype`, f32 accumulation of PV, O rounded to `dtype`.
+/// to `dtype`, f32 accumulation of PV, O rounded to `dtype`. With soft-capping, the cap's
+/// `tanh` rounded to `dtype`, as an implementation in that type computes the elementwise
+/// op (the kernels' `tanh.approx.f32` has a relative error of about 2^-11, an fp16 ulp:
+/// with f32 `tanh` here, caps of 30-50 put the kernels' LSE 20-30x above this baseline's
+/// on rows with large logits).
 pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
     let (_, _, _, hq, hk, _) = p.dims();
     for_each_row(p, |b, h, i, o| {
@@ -447,7 +463,7 @@ pub fn attention_lowp(p: &Problem<'_>, dtype: DType) -> AttnResult<f32> {
         if keys.is_empty() {
             return sink.unwrap_or(f32::INFINITY);
         }
-        let s = p.logits_f32(b, h, i, keys.clone());
+        let s = p.logits_lowp(b, h, i, keys.clone(), dtype);
         let m = s.iter().cloned().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
         if m == f32::NEG_INFINITY {
             return f32::INFINITY;
