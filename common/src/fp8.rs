@@ -27,20 +27,31 @@ pub const fn block_m(hdim: u32) -> u32 {
     if hdim == 64 { 192 } else { 128 }
 }
 /// Keys per K/V scale block at a head dim, and the key tile of the kernel that reads
-/// block factors: 128, but 64 at hdim 256, where O's accumulator alone takes 128
-/// registers a thread and 128-key S and P made ptxas spill at 240.
+/// block factors: 192 at hdim 128 (fewer instructions per score in a step: +6-10% at
+/// 4k-16k against 128, -2% at 1k without a mask; the accuracy experiment's (d) is the
+/// same within its seeds' spread), 64 at hdim 256 (O's accumulator alone takes 128
+/// registers a thread and 128-key S and P made ptxas spill at 240), else 128.
 pub const fn block_n(hdim: u32) -> u32 {
-    if hdim == 256 { 64 } else { 128 }
+    match hdim {
+        256 => 64,
+        128 => 192,
+        _ => 128,
+    }
+}
+
+/// The key tile of the kernel for per-(batch, head) K and V factors below
+/// [`WIDE_MIN_KEYS`] keys: 128 at hdim 128 (1024 keys take 6 tiles of 192, 11% of them
+/// padding: -8% at 1k without a mask), else [`block_n`]. Per-head factors tie no scale
+/// block to the tile, so the kernel may change with the keys.
+pub const fn short_block_n(hdim: u32) -> u32 {
+    if hdim == 128 { 128 } else { block_n(hdim) }
 }
 
 /// The key tile of the kernel for K and V with per-(batch, head) factors over at least
-/// [`WIDE_MIN_KEYS`] keys, where no scale block ties the tile: 192 at hdim 128 (fewer
-/// instructions per score in a step: +4-5% at 16k, +1-4% at 4k), else [`block_n`]. Not
-/// below 2k keys: 1024 keys take 6 tiles of 192, 11% of them padding (-8% at 1k
-/// non-causal). The block-factor kernel keeps 128-key blocks: with 192 the paper's
-/// accuracy experiment read 9.25e-3 at 16k against the 9.1e-3 it must stay under.
+/// [`WIDE_MIN_KEYS`] keys: [`block_n`] (192 at hdim 128: +4-5% at 16k, +1-4% at 4k
+/// against 128).
 pub const fn per_head_block_n(hdim: u32) -> u32 {
-    if hdim == 128 { 192 } else { block_n(hdim) }
+    block_n(hdim)
 }
 
 /// Fewest keys for which per-head K and V factors take [`per_head_block_n`].
@@ -243,9 +254,9 @@ macro_rules! fp8_kernel_table {
             fa3_fp8_hdim64_bf16_headscale => BF16, hdim 64, keys 128, transposed, head;
             fa3_fp8_hdim64_f16 => F16, hdim 64, keys 128, transposed, blocks;
             fa3_fp8_hdim64_f16_headscale => F16, hdim 64, keys 128, transposed, head;
-            fa3_fp8_hdim128_bf16 => BF16, hdim 128, keys 128, transposed, blocks;
+            fa3_fp8_hdim128_bf16 => BF16, hdim 128, keys 192, transposed, blocks;
             fa3_fp8_hdim128_bf16_headscale => BF16, hdim 128, keys 128, transposed, head;
-            fa3_fp8_hdim128_f16 => F16, hdim 128, keys 128, transposed, blocks;
+            fa3_fp8_hdim128_f16 => F16, hdim 128, keys 192, transposed, blocks;
             fa3_fp8_hdim128_f16_headscale => F16, hdim 128, keys 128, transposed, head;
             fa3_fp8_hdim128_bf16_n192 => BF16, hdim 128, keys 192, transposed, head;
             fa3_fp8_hdim128_f16_n192 => F16, hdim 128, keys 192, transposed, head;
@@ -257,9 +268,9 @@ macro_rules! fp8_kernel_table {
             fa3_fp8_hdim64_bf16_headscale_vrows => BF16, hdim 64, keys 128, rows, head;
             fa3_fp8_hdim64_f16_vrows => F16, hdim 64, keys 128, rows, blocks;
             fa3_fp8_hdim64_f16_headscale_vrows => F16, hdim 64, keys 128, rows, head;
-            fa3_fp8_hdim128_bf16_vrows => BF16, hdim 128, keys 128, rows, blocks;
+            fa3_fp8_hdim128_bf16_vrows => BF16, hdim 128, keys 192, rows, blocks;
             fa3_fp8_hdim128_bf16_headscale_vrows => BF16, hdim 128, keys 128, rows, head;
-            fa3_fp8_hdim128_f16_vrows => F16, hdim 128, keys 128, rows, blocks;
+            fa3_fp8_hdim128_f16_vrows => F16, hdim 128, keys 192, rows, blocks;
             fa3_fp8_hdim128_f16_headscale_vrows => F16, hdim 128, keys 128, rows, head;
             fa3_fp8_hdim128_bf16_n192_vrows => BF16, hdim 128, keys 192, rows, head;
             fa3_fp8_hdim128_f16_n192_vrows => F16, hdim 128, keys 192, rows, head;
@@ -339,7 +350,11 @@ pub const KERNELS: &[KernelEntry] = fp8_kernel_table!(fp8_entries);
 /// [`per_head_block_n`] keys from [`WIDE_MIN_KEYS`] keys); `transpose_v`: for V as stored
 /// (`[b, s, h, d]`), transposed by the kernel.
 pub fn find(hdim: u32, out: DType, per_head_kv: bool, seqlen_k: u32, transpose_v: bool) -> Option<&'static KernelEntry> {
-    let keys = if per_head_kv && seqlen_k >= WIDE_MIN_KEYS { per_head_block_n(hdim) } else { block_n(hdim) };
+    let keys = match (per_head_kv, seqlen_k >= WIDE_MIN_KEYS) {
+        (false, _) => block_n(hdim),
+        (true, true) => per_head_block_n(hdim),
+        (true, false) => short_block_n(hdim),
+    };
     let kind = KernelKind::ForwardFp8 { transpose_v, block_factors: !per_head_kv };
     KERNELS.iter().find(|k| k.hdim == hdim && k.dtype == out && k.block_n == keys && k.kind == kind)
 }
@@ -656,7 +671,7 @@ mod tests {
         assert!(find(128, DType::BF16, false, 1, false).is_some() && find(64, DType::F16, true, 1, true).is_some());
         assert!(find(32, DType::BF16, false, 1, false).is_none());
         for hdim in HEAD_DIMS {
-            let cases = [(false, 1 << 20, block_n(hdim)), (true, WIDE_MIN_KEYS - 1, block_n(hdim)), (true, WIDE_MIN_KEYS, per_head_block_n(hdim))];
+            let cases = [(false, 1 << 20, block_n(hdim)), (false, 1, block_n(hdim)), (true, WIDE_MIN_KEYS - 1, short_block_n(hdim)), (true, WIDE_MIN_KEYS, per_head_block_n(hdim))];
             for (per_head, seqlen_k, keys) in cases {
                 for (out, transpose_v) in [(DType::BF16, false), (DType::F16, false), (DType::BF16, true), (DType::F16, true)] {
                     let k = find(hdim, out, per_head, seqlen_k, transpose_v).unwrap();
@@ -665,7 +680,7 @@ mod tests {
             }
         }
         for k in KERNELS {
-            assert!(k.block_n == block_n(k.hdim) || k.block_n == per_head_block_n(k.hdim), "{}", k.name);
+            assert!([block_n(k.hdim), short_block_n(k.hdim), per_head_block_n(k.hdim)].contains(&k.block_n), "{}", k.name);
             // The per-block code reads K's and V's factors by the kernel's key blocks.
             if let KernelKind::ForwardFp8 { block_factors: true, .. } = k.kind {
                 assert_eq!(k.block_n, block_n(k.hdim), "{}", k.name);

@@ -704,17 +704,18 @@ mod tests {
 
     #[test]
     fn block_scales_index_batch_head_and_block() {
-        // 1000 queries and keys in 128-row blocks (8 per head); 4 K/V heads, 8 query heads.
+        // 1000 queries in 128-row blocks (8 per head), 1000 keys in 192-key blocks (6 per
+        // head); 4 K/V heads, 8 query heads.
         let (bm, bn) = (fp8::block_m(128) as usize, fp8::block_n(128) as usize);
-        assert_eq!((bm, bn), (128, 128));
-        let p = plan([2, 1000, 8, 128], [2, 1000, 4, 128], [blocks(bm, 2 * 8 * 8), blocks(bn, 2 * 4 * 8), blocks(bn, 2 * 4 * 8)], &Fp8Options::default()).unwrap();
+        assert_eq!((bm, bn), (128, 192));
+        let p = plan([2, 1000, 8, 128], [2, 1000, 4, 128], [blocks(bm, 2 * 8 * 8), blocks(bn, 2 * 4 * 6), blocks(bn, 2 * 4 * 6)], &Fp8Options::default()).unwrap();
         assert_eq!(p.params.fp8.q.offset(1, 3, 2), (8 * 8 + 3 * 8 + 2) as u64);
-        assert_eq!(p.params.fp8.k.offset(1, 3, 2), (4 * 8 + 3 * 8 + 2) as u64);
+        assert_eq!(p.params.fp8.k.offset(1, 3, 2), (4 * 6 + 3 * 6 + 2) as u64);
         assert_eq!(p.kernel.name, "fa3_fp8_hdim128_bf16");
         let tma = p.tma.unwrap();
-        // V's rows padded to whole 64-key chunks; one 128-key chunk a tile.
-        assert_eq!(tma[2].dims, [1024, 128, 1, 4, 2]);
-        assert_eq!(tma[2].box_dims, [128, 128, 1, 1, 1]);
+        // V's rows padded to whole 64-key chunks; three 64-key chunks a tile.
+        assert_eq!(tma[2].dims, [64, 128, 1024 / 64, 4, 2]);
+        assert_eq!(tma[2].box_dims, [64, 128, 3, 1, 1]);
     }
 
     #[test]
@@ -728,10 +729,11 @@ mod tests {
         // Three 64-key chunks of V a tile.
         assert_eq!(tma[2].dims, [64, 128, 3008 / 64, 4, 2]);
         assert_eq!(tma[2].box_dims, [64, 128, 3, 1, 1]);
-        // One of K and V with block factors, or fewer keys than `WIDE_MIN_KEYS`: 128 keys.
-        let p = plan([2, 1000, 8, 128], [2, 3000, 4, 128], [ph, ph, blocks(128, 2 * 4 * 24)], &Fp8Options::default()).unwrap();
-        assert_eq!(p.kernel.block_n, 128);
+        // One of K and V with block factors: the block kernel, on the same tile.
+        let p = plan([2, 1000, 8, 128], [2, 3000, 4, 128], [ph, ph, blocks(192, 2 * 4 * 16)], &Fp8Options::default()).unwrap();
+        assert_eq!(p.kernel.block_n, 192);
         assert_eq!(p.kernel.name, "fa3_fp8_hdim128_bf16");
+        // Fewer keys than `WIDE_MIN_KEYS` with per-head factors: 128 keys.
         let p = plan([2, 1000, 8, 128], [2, 1000, 4, 128], [ph, ph, ph], &Fp8Options::default()).unwrap();
         assert_eq!((p.kernel.name, p.kernel.block_n), ("fa3_fp8_hdim128_bf16_headscale", 128), "per-head K and V: no per-block code");
     }
@@ -755,8 +757,8 @@ mod tests {
         let bad = [blocks(64, 1000), blocks(bn, 64), blocks(bn, 64)];
         assert!(matches!(plan(shape, shape, bad, &Fp8Options::default()), Err(AttnError::BlockSize { arg: Arg::QDescale, got: 64, expected: 128 })));
         // Too few factors.
-        let short = [blocks(bm, 16), blocks(bn, 15), blocks(bn, 16)];
-        assert!(matches!(plan(shape, shape, short, &Fp8Options::default()), Err(AttnError::OutOfBounds { arg: Arg::KDescale, needed: 16, len: 15 })));
+        let short = [blocks(bm, 16), blocks(bn, 11), blocks(bn, 12)];
+        assert!(matches!(plan(shape, shape, short, &Fp8Options::default()), Err(AttnError::OutOfBounds { arg: Arg::KDescale, needed: 12, len: 11 })));
         // hdim 32 has no FP8 kernel.
         let s32 = [1, 512, 4, 32];
         assert!(matches!(plan(s32, s32, ok(), &Fp8Options::default()), Err(AttnError::UnsupportedHeadDim { hdim: 32, .. })));
