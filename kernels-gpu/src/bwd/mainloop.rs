@@ -154,10 +154,17 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// The first k-step's LSE and D are read before the waits for `Sᵀ` and `dPᵀ`, off
     /// the softmax's path (read after them, their latency was the most sampled stall of
     /// the hdim-128 warps). Four registers each while the products land: only the plain
-    /// hdim-128 kernels have them (with 128-query steps, at hdim 256, with windows,
-    /// soft-capping or ALiBi they spilled 4-16 bytes).
+    /// hdim-128 kernels have them (with 128-query steps, at hdim 256, with soft-capping or
+    /// ALiBi they spilled 4-16 bytes; with windows or documents 4, so those read the LSE
+    /// alone early, [`Self::EARLY_LSE`]).
     const EARLY_VECTORS: bool =
         K::BLOCK_M == 64 && !K::SPLIT && !K::LOCAL && !K::SOFTCAP && !K::ALIBI && !K::Variant::ACTIVE;
+
+    /// The first k-step's LSE read early ([`Self::EARLY_VECTORS`]' half for `P`): also
+    /// in the window and document kernels (hdim 64 and 128; window backward +2.3% at hdim
+    /// 64, +1.1% at hdim 128 16k).
+    const EARLY_LSE: bool =
+        Self::EARLY_VECTORS || (K::BLOCK_M == 64 && !K::SPLIT && K::LOCAL && !K::SOFTCAP && !K::ALIBI && !K::Variant::ACTIVE);
 
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
@@ -275,7 +282,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         // but with [`Self::EARLY_VECTORS`]: held across it, they spilled the soft-capped
         // kernels), and the first one.
         let vectors = || (s.lse_slot::<K>(st.index()).add(4 * tile.query0), s.dpsum_slot::<K>(st.index()).add(4 * tile.query0));
-        let lse_first = if Self::EARLY_VECTORS { Self::vector_pair(vectors().0, 2 * (self.thread_in_wg % 4), 0) } else { [[0.0; 2]; 2] };
+        let lse_first = if Self::EARLY_LSE { Self::vector_pair(vectors().0, 2 * (self.thread_in_wg % 4), 0) } else { [[0.0; 2]; 2] };
         // Score modifications: dPᵀ is issued after Pᵀ is made ([`Self::LATE_DP`]).
         if Self::LATE_DP {
             gemm::wait::<0>(&mut scores);
@@ -318,7 +325,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
             for e in 0..2 {
                 let j = 2 * kb + e;
                 let col = 8 * j as u32 + col_2t;
-                let lse2 = if Self::EARLY_VECTORS && kb == 0 { lse_first[e] } else { Self::vector_at(lse, col_2t, j) };
+                let lse2 = if Self::EARLY_LSE && kb == 0 { lse_first[e] } else { Self::vector_at(lse, col_2t, j) };
                 let sf = scores.frag_mut(j);
                 for r in 0..2 {
                     let mut pair = [0.0f32; 2];
