@@ -42,19 +42,14 @@ pub const fn block_n(hdim: u32) -> u32 {
 /// The key tile of the kernel for per-(batch, head) K and V factors below
 /// [`WIDE_MIN_KEYS`] keys: 128 at hdim 128 (1024 keys take 6 tiles of 192, 11% of them
 /// padding: -8% at 1k without a mask), else [`block_n`]. Per-head factors tie no scale
-/// block to the tile, so the kernel may change with the keys.
+/// block to the tile, so the kernel may change with the keys; from [`WIDE_MIN_KEYS`] keys
+/// they take [`block_n`] too (192 at hdim 128: +4-5% at 16k, +1-4% at 4k against 128).
 pub const fn short_block_n(hdim: u32) -> u32 {
     if hdim == 128 { 128 } else { block_n(hdim) }
 }
 
-/// The key tile of the kernel for K and V with per-(batch, head) factors over at least
-/// [`WIDE_MIN_KEYS`] keys: [`block_n`] (192 at hdim 128: +4-5% at 16k, +1-4% at 4k
-/// against 128).
-pub const fn per_head_block_n(hdim: u32) -> u32 {
-    block_n(hdim)
-}
-
-/// Fewest keys for which per-head K and V factors take [`per_head_block_n`].
+/// Fewest keys for which per-head K and V factors take [`block_n`] rather than
+/// [`short_block_n`].
 pub const WIDE_MIN_KEYS: u32 = 2048;
 
 /// Keys per swizzle chunk of a transposed V tile of `block_n` keys: its rows are
@@ -347,14 +342,10 @@ pub const KERNELS: &[KernelEntry] = fp8_kernel_table!(fp8_entries);
 /// The FP8 forward kernel with head dim `hdim` writing O in `out` over `seqlen_k` keys,
 /// for K and V with block factors (either of them: [`block_n`] keys a tile, the
 /// per-block code) or per-head ones (both: a kernel without per-block code,
-/// [`per_head_block_n`] keys from [`WIDE_MIN_KEYS`] keys); `transpose_v`: for V as stored
+/// [`short_block_n`] keys below [`WIDE_MIN_KEYS`] keys); `transpose_v`: for V as stored
 /// (`[b, s, h, d]`), transposed by the kernel.
 pub fn find(hdim: u32, out: DType, per_head_kv: bool, seqlen_k: u32, transpose_v: bool) -> Option<&'static KernelEntry> {
-    let keys = match (per_head_kv, seqlen_k >= WIDE_MIN_KEYS) {
-        (false, _) => block_n(hdim),
-        (true, true) => per_head_block_n(hdim),
-        (true, false) => short_block_n(hdim),
-    };
+    let keys = if per_head_kv && seqlen_k < WIDE_MIN_KEYS { short_block_n(hdim) } else { block_n(hdim) };
     let kind = KernelKind::ForwardFp8 { transpose_v, block_factors: !per_head_kv };
     KERNELS.iter().find(|k| k.hdim == hdim && k.dtype == out && k.block_n == keys && k.kind == kind)
 }
@@ -671,7 +662,7 @@ mod tests {
         assert!(find(128, DType::BF16, false, 1, false).is_some() && find(64, DType::F16, true, 1, true).is_some());
         assert!(find(32, DType::BF16, false, 1, false).is_none());
         for hdim in HEAD_DIMS {
-            let cases = [(false, 1 << 20, block_n(hdim)), (false, 1, block_n(hdim)), (true, WIDE_MIN_KEYS - 1, short_block_n(hdim)), (true, WIDE_MIN_KEYS, per_head_block_n(hdim))];
+            let cases = [(false, 1 << 20, block_n(hdim)), (false, 1, block_n(hdim)), (true, WIDE_MIN_KEYS - 1, short_block_n(hdim)), (true, WIDE_MIN_KEYS, block_n(hdim))];
             for (per_head, seqlen_k, keys) in cases {
                 for (out, transpose_v) in [(DType::BF16, false), (DType::F16, false), (DType::BF16, true), (DType::F16, true)] {
                     let k = find(hdim, out, per_head, seqlen_k, transpose_v).unwrap();
@@ -680,7 +671,7 @@ mod tests {
             }
         }
         for k in KERNELS {
-            assert!([block_n(k.hdim), short_block_n(k.hdim), per_head_block_n(k.hdim)].contains(&k.block_n), "{}", k.name);
+            assert!(k.block_n == block_n(k.hdim) || k.block_n == short_block_n(k.hdim), "{}", k.name);
             // The per-block code reads K's and V's factors by the kernel's key blocks.
             if let KernelKind::ForwardFp8 { block_factors: true, .. } = k.kind {
                 assert_eq!(k.block_n, block_n(k.hdim), "{}", k.name);

@@ -157,7 +157,7 @@ fn cases() -> Vec<Case> {
         v.push(Case { d, sq: 300, sk: 1500, scales: Scales::BlocksHeadK, ..base });
         v.push(Case { d, sq: 1, sk: 17, b: 1, hq: 2, hk: 2, ..base });
         // From `common::fp8::WIDE_MIN_KEYS` keys, per-head K and V factors run the
-        // wide-tile kernel (`common::fp8::per_head_block_n`): both output types, ragged last
+        // wide-tile kernel (`common::fp8::block_n`): both output types, ragged last
         // tiles, causal or not, and the exact layout check (one V row per output row).
         v.push(Case { d, out: DType::F16, sq: 257, sk: 2500, hq: 3, hk: 1, causal: true, scales: Scales::PerHead, ..base });
         v.push(Case { d, sq: 1000, sk: 2100, scales: Scales::PerHead, ..base });

@@ -530,8 +530,10 @@ fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
             }
             None => "-".into(),
         };
+        // Four empty columns: the emulation's or the kernel's.
+        const NONE4: &str = "- | - | - | -";
         let emulated = if a.kernel_only {
-            "- | - | - | -".to_string()
+            NONE4.to_string()
         } else {
             let acc = fp8_accuracy(&q, &k, &v, &exact, block_m, block_n, &Hadamard::from_seed(a.hdim, seed));
             format!("{:.2e} | {:.2e} | {:.2e} | {:.2}", acc.per_tensor, acc.blocks, acc.blocks_incoherent, acc.per_tensor / acc.blocks_incoherent)
@@ -541,7 +543,7 @@ fn cmd_fp8_accuracy(a: Fp8AccuracyArgs) -> CliResult<()> {
                 let [b, c, d] = fp8_kernel_rmse(g, [&q, &k, &v], &exact, seed)?;
                 format!("{b:.2e} | {c:.2e} | {d:.2e} | {:.2}", b / d)
             }
-            _ => "- | - | - | -".into(),
+            _ => NONE4.into(),
         };
         println!("| {s} | {seed} | {naive} | {kernel} | {emulated} | {fp8_kernel} |");
     }

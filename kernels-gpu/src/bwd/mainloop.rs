@@ -151,20 +151,16 @@ impl<K: BwdTraits> Consumer<'_, K> {
     const DV_BEFORE_DS: bool =
         K::BLOCK_M == 128 || (K::HDIM == 128 && <K::Docs as DocSource>::DOCS && (K::SOFTCAP || K::ALIBI));
 
-    /// The first k-step's LSE and D are read before the waits for `Sᵀ` and `dPᵀ`, off
-    /// the softmax's path (read after them, their latency was the most sampled stall of
-    /// the hdim-128 warps). Four registers each while the products land: only the plain
-    /// hdim-128 kernels have them (with 128-query steps, at hdim 256, with soft-capping or
-    /// ALiBi they spilled 4-16 bytes; with windows or documents 4, so those read the LSE
-    /// alone early, [`Self::EARLY_LSE`]).
-    const EARLY_VECTORS: bool =
-        K::BLOCK_M == 64 && !K::SPLIT && !K::LOCAL && !K::SOFTCAP && !K::ALIBI && !K::Variant::ACTIVE;
+    /// The first k-step's LSE is read before the waits for `Sᵀ` and `dPᵀ`, off the
+    /// softmax's path (read after them, the LSE and D loads were the most sampled stall of
+    /// the hdim-128 warps): not with 128-query steps, at hdim 256, with soft-capping or
+    /// ALiBi, where the LSE and D together spilled 4-16 bytes (window backward with the
+    /// LSE alone: +2.3% at hdim 64, +1.1% at hdim 128 16k).
+    const EARLY_LSE: bool = K::BLOCK_M == 64 && !K::SPLIT && !K::SOFTCAP && !K::ALIBI && !K::Variant::ACTIVE;
 
-    /// The first k-step's LSE read early ([`Self::EARLY_VECTORS`]' half for `P`): also
-    /// in the window and document kernels (hdim 64 and 128; window backward +2.3% at hdim
-    /// 64, +1.1% at hdim 128 16k).
-    const EARLY_LSE: bool =
-        Self::EARLY_VECTORS || (K::BLOCK_M == 64 && !K::SPLIT && K::LOCAL && !K::SOFTCAP && !K::ALIBI && !K::Variant::ACTIVE);
+    /// D too ([`Self::EARLY_LSE`]'s four registers more while the products land): not
+    /// with windows or documents, where it spilled 4 bytes.
+    const EARLY_VECTORS: bool = Self::EARLY_LSE && !K::LOCAL;
 
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
