@@ -405,6 +405,36 @@ fn rlib_artifacts(json_lines: &str) -> Result<Vec<PathBuf>, Error> {
     Ok(rlibs)
 }
 
+/// The module with only the entries whose names `keep` accepts: the text before the first
+/// entry (the header and any shared declarations), then each kept `.entry` through its
+/// closing brace. Assembling a few kernels this way takes seconds, the module minutes.
+pub fn ptx_subset(ptx: &str, keep: impl Fn(&str) -> bool) -> String {
+    let mut out = String::new();
+    // Some(kept) while inside an entry.
+    let mut inside: Option<bool> = None;
+    let mut seen_entry = false;
+    for line in ptx.split_inclusive('\n') {
+        if let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") {
+            let name = rest.split(['(', ' ']).next().unwrap_or("");
+            inside = Some(keep(name));
+            seen_entry = true;
+        }
+        match inside {
+            Some(kept) => {
+                if kept {
+                    out.push_str(line);
+                }
+                if line.starts_with('}') {
+                    inside = None;
+                }
+            }
+            None if !seen_entry => out.push_str(line),
+            None => {}
+        }
+    }
+    out
+}
+
 /// Checks that the module exports exactly `exports` (symbol, kernel) and aligns TMA
 /// descriptor parameters to [`TMA_PARAM_ALIGN`] bytes.
 pub fn finish_ptx(raw: &str, exports: &[(String, KernelEntry)]) -> Result<String, Error> {
@@ -604,6 +634,14 @@ pub fn parse_ptxas_report(text: &str) -> (Vec<KernelReport>, Vec<String>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ptx_subset_keeps_the_header_and_the_chosen_entries_whole() {
+        let ptx = ".version 8.7\n.target sm_90a\n\n.visible .entry a(\n.param .u64 p\n)\n{\n  ret;\n}\n\n.visible .entry ab(\n)\n{\n  exit;\n}\n.visible .entry c(\n)\n{\n  ret;\n}\n";
+        let sub = super::ptx_subset(ptx, |n| n.starts_with('a'));
+        assert_eq!(sub, ".version 8.7\n.target sm_90a\n\n.visible .entry a(\n.param .u64 p\n)\n{\n  ret;\n}\n.visible .entry ab(\n)\n{\n  exit;\n}\n");
+        assert_eq!(super::ptx_subset(ptx, |_| false), ".version 8.7\n.target sm_90a\n\n");
+    }
+
     use super::*;
 
     #[test]
