@@ -25,7 +25,7 @@ use crate::fa3::epilogue::{stage_swizzled, stage_swizzled_at};
 use crate::fa3::gemm;
 use crate::fa3::pipeline::PipelineState;
 use crate::fa3::traits::{FragTile, ProbTile, ScoreTile};
-use crate::ptx::compiler::opaque_u64;
+use crate::ptx::compiler::{opaque_u32, opaque_u64};
 use crate::ptx::wgmma::WgmmaAcc;
 use crate::ptx::{fence, math, smem};
 use crate::fa3::mask::DocSource;
@@ -158,6 +158,21 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// LSE alone: +2.3% at hdim 64, +1.1% at hdim 128 16k).
     const EARLY_LSE: bool = K::BLOCK_M == 64 && !K::SPLIT && !K::SOFTCAP && !K::ALIBI && !K::Variant::ACTIVE;
 
+    /// The mask zeroes the hidden pairs' `P` in a pass of its own that only masked steps
+    /// run, after every exponential of the step: evaluated per pair inside the
+    /// exponentials' loop, ptxas predicated the test into every step (2-4 instructions a
+    /// score without a mask's need, 8-10 with a window's two bounds). Not where `P` is
+    /// packed as it is made (soft-capping, user variants: [`Self::SCALED_DS`]) or where
+    /// a user variant's logit reads whether the step is masked.
+    ///
+    /// Not in hdim 128's plain kernels either, whose producer warpgroup then spilled a
+    /// register (ptxas moved the block and head indices it shares with the consumers out
+    /// of uniform registers), nor with ALiBi and a window there (the consumers spilled).
+    const MASK_PASS: bool = !Self::SCALED_DS
+        && !K::Variant::ACTIVE
+        && !(K::HDIM == 128 && !K::ALIBI && !K::LOCAL)
+        && !(K::HDIM == 128 && K::ALIBI && K::LOCAL && !<K::Docs as DocSource>::DOCS);
+
     /// D too ([`Self::EARLY_LSE`]'s four registers more while the products land): not
     /// with windows or documents, where it spilled 4 bytes.
     const EARLY_VECTORS: bool = Self::EARLY_LSE && !K::LOCAL;
@@ -177,8 +192,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         // K and V land once.
         self.storage.k.consumer_wait(PipelineState::new());
         self.storage.v.consumer_wait(PipelineState::new());
-        let lane = self.thread_in_wg % 32;
-        let key_row = (self.n_block * K::BLOCK_N + WgTile::of::<K>(self.wg).key0 + (self.thread_in_wg / 32) * 16 + lane / 4) as i32;
+        let key_row = self.key_row(self.thread_in_wg);
         let mut mask = KeyRowMask::new::<K>(p, key_row);
         if K::Variant::EXACT {
             // A user variant's exact key bound: each key row's first query is also the
@@ -203,6 +217,13 @@ impl<K: BwdTraits> Consumer<'_, K> {
         grads
     }
 
+    /// The first of the two key rows of thread `thread_in_wg`'s accumulator fragments
+    /// (the other is 8 rows down).
+    #[inline(always)]
+    fn key_row(&self, thread_in_wg: u32) -> i32 {
+        (self.n_block * K::BLOCK_N + WgTile::of::<K>(self.wg).key0 + (thread_in_wg / 32) * 16 + thread_in_wg % 32 / 4) as i32
+    }
+
     /// The step of query block `m` of the `h`-th query head, masked or not.
     #[inline(always)]
     fn visit(&mut self, grads: &mut KeyBlockGrads<K>, mask: &KeyRowMask, h: u32, m: u32) {
@@ -221,6 +242,26 @@ impl<K: BwdTraits> Consumer<'_, K> {
         // Uniform across the CTA; the broadcast lets ptxas see it.
         let masked = math::shfl_broadcast_u32(masked as u32) != 0;
         self.step(grads, mask, h, m, masked);
+    }
+
+    /// [`Self::MASK_PASS`]: `P` (in `scores`) set to 0 at the pairs the mask hides, among
+    /// this lane's two key rows and its columns (`col_2t`) of the step's queries from
+    /// `query0`. Whatever the exponential gave there (a zero-filled key row past
+    /// `seqlen_k` may overflow it) is replaced, not scaled.
+    #[inline(always)]
+    fn zero_hidden(p: &BwdParams, scores: &mut K::Scores, mask: &KeyRowMask, doc_rows: &[[i32; 2]; 2], query0: i32, col_2t: u32) {
+        let steps = <<K::Scores as ScoreTile>::Probs as ProbTile>::STEPS;
+        for j in 0..2 * steps {
+            let col = 8 * j as u32 + col_2t;
+            let sf = scores.frag_mut(j);
+            for r in 0..2 {
+                for c in 0..2 {
+                    if mask.hides::<K>(p, doc_rows, r, query0 + (col + c as u32) as i32) {
+                        sf[2 * r + c] = 0.0;
+                    }
+                }
+            }
+        }
     }
 
     /// `dV += Pᵀ dO` (RS: `Pᵀ` packed in registers, dO MN-major from `do_b`).
@@ -307,7 +348,8 @@ impl<K: BwdTraits> Consumer<'_, K> {
         } else {
             (0, 0.0)
         };
-        let doc_rows = if K::Docs::DOCS && masked { mask.doc_rows::<K>(self.p, self.batch) } else { [[i32::MIN, i32::MAX]; 2] };
+        let no_docs = [[i32::MIN, i32::MAX]; 2];
+        let doc_rows = if K::Docs::DOCS && masked && !Self::MASK_PASS { mask.doc_rows::<K>(self.p, self.batch) } else { no_docs };
         // User variants: the step's head, and this lane's first key row.
         let user = K::Variant::new(self.batch, self.head_k * self.p.kv_group + h);
         let user_call = VariantCall::of_bwd(self.p);
@@ -327,7 +369,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
                     let mut pair = [0.0f32; 2];
                     for c in 0..2 {
                         let i = 2 * r + c;
-                        let hidden = masked && mask.hides::<K>(self.p, &doc_rows, r, query0 + (col + c as u32) as i32);
+                        let hidden = !Self::MASK_PASS && masked && mask.hides::<K>(self.p, &doc_rows, r, query0 + (col + c as u32) as i32);
                         // Soft-capping: the score is the tanh; `c` is in `scale_log2`.
                         // ALiBi: minus the slope times the distance from the diagonal
                         // (after the tanh when both: the slope is then in its units).
@@ -360,7 +402,22 @@ impl<K: BwdTraits> Consumer<'_, K> {
                     packed[2 * e + r] = K::Element::pack2(pair[0], pair[1]);
                 }
             }
-            probs.set_step(kb, if Self::SCALED_DS { packed } else { scores.probs_step::<K::Element>(kb) });
+            if !Self::MASK_PASS {
+                probs.set_step(kb, if Self::SCALED_DS { packed } else { scores.probs_step::<K::Element>(kb) });
+            }
+        }
+        if Self::MASK_PASS {
+            if masked {
+                // The key rows' bounds derived here, from an index LLVM cannot trace to
+                // the loop's entry: held across the steps, they cost a register the
+                // products need (the kernels spilled).
+                let mask = KeyRowMask::new::<K>(self.p, self.key_row(opaque_u32(self.thread_in_wg)));
+                let doc_rows = if K::Docs::DOCS { mask.doc_rows::<K>(self.p, self.batch) } else { no_docs };
+                Self::zero_hidden(self.p, &mut scores, &mask, &doc_rows, query0, col_2t);
+            }
+            for kb in 0..steps {
+                probs.set_step(kb, scores.probs_step::<K::Element>(kb));
+            }
         }
         let do_b = mn_major_sw128(do_slot.0, K::BLOCK_M);
         if Self::LATE_DP {
