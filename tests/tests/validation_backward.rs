@@ -87,12 +87,12 @@ fn a_valid_call_is_planned_as_three_launches_with_workspace_regions() {
         assert_eq!(few_sms.params.dq_order, DqOrder::Descending as u32);
         let causal = plan_backward(&t, &AttnOptions::default().deterministic(true).causal(true), 132).unwrap();
         assert_eq!(causal.params.dq_order, DqOrder::Descending as u32);
-        // A score modification or a window: 64-row steps at every head dim, and the same
-        // workspace (its padding fits both).
-        for opts in [AttnOptions::default().softcap(30.0), AttnOptions::default().window(Some(50), Some(0))] {
+        // A score modification: 64-row steps at every head dim; a window: the plain
+        // kernels' steps (128 rows at hdim 64); the same workspace (its padding fits both).
+        for (opts, rows) in [(AttnOptions::default().softcap(30.0), 64), (AttnOptions::default().window(Some(50), Some(0)), bm)] {
             let plan = plan_backward(&t, &opts, 132).unwrap();
-            assert_eq!(plan.tma[0].box_dims, [64, 64, d as u32 / 64, 1, 1], "q: 64 query rows");
-            assert_eq!(plan.launches[1].smem_bytes, bwd::SmemLayout::new(d as u32, 64).total);
+            assert_eq!(plan.tma[0].box_dims, [64, rows, d as u32 / 64, 1, 1], "q: {rows} query rows");
+            assert_eq!(plan.launches[1].smem_bytes, bwd::SmemLayout::new(d as u32, rows).total);
             assert_eq!(plan.params.padded_rows, p.padded_rows);
         }
     }

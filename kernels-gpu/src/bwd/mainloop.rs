@@ -170,12 +170,11 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// of uniform registers), nor with ALiBi and a window there (the consumers spilled).
     const MASK_PASS: bool = !Self::SCALED_DS
         && !K::Variant::ACTIVE
-        && !(K::HDIM == 128 && !K::ALIBI && !K::LOCAL)
         && !(K::HDIM == 128 && K::ALIBI && K::LOCAL && !<K::Docs as DocSource>::DOCS);
 
     /// D too ([`Self::EARLY_LSE`]'s four registers more while the products land): not
     /// with windows or documents, where it spilled 4 bytes.
-    const EARLY_VECTORS: bool = Self::EARLY_LSE && !K::LOCAL;
+    const EARLY_VECTORS: bool = Self::EARLY_LSE && !K::LOCAL && !Self::MASK_PASS;
 
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
@@ -408,11 +407,15 @@ impl<K: BwdTraits> Consumer<'_, K> {
         }
         if Self::MASK_PASS {
             if masked {
-                // The key rows' bounds derived here, from an index LLVM cannot trace to
-                // the loop's entry: held across the steps, they cost a register the
-                // products need (the kernels spilled).
-                let mask = KeyRowMask::new::<K>(self.p, self.key_row(opaque_u32(self.thread_in_wg)));
+                // The key rows' bounds derived here, from a thread index LLVM cannot
+                // trace to the loop's entry: held across the steps, they cost a register
+                // the products need (the kernels spilled). With 128-row steps the lane's
+                // columns too (held, one was spilled); in the other kernels that moved
+                // LLVM's schedule into spills elsewhere.
+                let thread = opaque_u32(self.thread_in_wg);
+                let mask = KeyRowMask::new::<K>(self.p, self.key_row(thread));
                 let doc_rows = if K::Docs::DOCS { mask.doc_rows::<K>(self.p, self.batch) } else { no_docs };
+                let (query0, col_2t) = if K::BLOCK_M == 128 { ((m * K::BLOCK_M + tile.query0) as i32, 2 * (thread % 4)) } else { (query0, col_2t) };
                 Self::zero_hidden(self.p, &mut scores, &mask, &doc_rows, query0, col_2t);
             }
             for kb in 0..steps {
