@@ -432,6 +432,16 @@ mod tests {
     }
 
     #[test]
+    fn options_layout_is_the_one_python_declares() {
+        // flash_attn3_torch's ctypes `_Options` lists the same fields in this order.
+        assert_eq!(std::mem::size_of::<Fa3Options>(), 120);
+        assert_eq!(std::mem::offset_of!(Fa3Options, doc_per_batch), 80);
+        assert_eq!(std::mem::offset_of!(Fa3Options, variant_module), 88);
+        assert_eq!(std::mem::offset_of!(Fa3Options, variant_words), 112);
+        assert_eq!(std::mem::size_of::<Fa3Tensor>(), 88);
+    }
+
+    #[test]
     fn variant_misuse_is_a_typed_error() {
         assert!(module_of(0, 0).unwrap().is_none(), "handle 0: no variant");
         let unknown = module_of(0xdead, 0).err().map(|e| e.to_string()).unwrap_or_default();
