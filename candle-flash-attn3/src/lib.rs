@@ -7,7 +7,9 @@
 //! so switching is a change of crate name. Unlike that crate, each op registers its
 //! gradient: `Tensor::backward` reaches dQ, dK and dV through the backward kernels.
 //! [`flash_attn_with`] takes what exists only here (soft-capping, attention sinks, the
-//! deterministic backward).
+//! deterministic backward, packed documents, and user-defined variants: FlexAttention's
+//! `score_mod` / `mask_mod` written in Rust, a variant crate's PTX loaded with
+//! [`load_variants`] and passed with [`FlashAttnOptions::variant`]).
 //!
 //! Tensors are `(batch, seq_len, num_heads, head_size)` on a CUDA device of compute
 //! capability 9.0, f16 or bf16, head size 64, 128 or 256; K and V may have fewer heads
@@ -28,8 +30,8 @@ use candle::backend::BackendStorage;
 use candle::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop};
 use candle::cuda_backend::{CudaDType, CudaDevice};
 use candle::{CpuStorage, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
-use flash_attn3::{AlibiDesc, AttnOptions, BwdTensors, DeviceVec, DocsDesc, Gpu, TensorDesc, Window};
-pub use flash_attn3::DocumentMask;
+use flash_attn3::{AlibiDesc, AttnOptions, BwdTensors, DeviceVec, DocsDesc, Gpu, TensorDesc, VariantDesc, Window};
+pub use flash_attn3::{DocumentMask, VariantModule};
 use half::{bf16, f16};
 use std::sync::{Arc, Mutex};
 
@@ -60,6 +62,37 @@ pub struct FlashAttnOptions {
     /// `from_ids`, on q's device): each query row sees only the keys of its own document.
     /// Combines with the causal mask, windows, sinks and soft-capping, not with ALiBi.
     pub documents: Option<Arc<DocumentMask>>,
+    /// A user-defined variant ([`FlashAttnOptions::variant`]): its score and mask
+    /// functions on the scaled scores, forward and backward. Combines with the causal
+    /// mask and sinks; windows, documents, soft-capping and ALiBi go into its functions.
+    pub variant: Option<FlashAttnVariant>,
+}
+
+/// Variant `name` of a loaded [`VariantModule`] and the buffer its functions read.
+#[derive(Clone)]
+pub struct FlashAttnVariant {
+    module: Arc<VariantModule>,
+    name: String,
+    data: Option<Tensor>,
+}
+
+impl std::fmt::Debug for FlashAttnVariant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let data = self.data.as_ref().map(|t| (t.dtype(), t.elem_count()));
+        f.debug_struct("FlashAttnVariant").field("name", &self.name).field("data", &data).finish()
+    }
+}
+
+/// Loads a variant crate's module (`ptx`, built by `ptx_builder::build_variant_module`;
+/// e.g. `examples/variants`, whose `variants-ptx` binary writes it to a file) with its
+/// variants `names` into the CUDA context of `device`, for [`FlashAttnOptions::variant`].
+/// Use it with tensors of this `Device` (or its clones): another `Device` has a context
+/// of its own, and the call is refused.
+pub fn load_variants(device: &candle::Device, ptx: &str, names: &[&str]) -> Result<Arc<VariantModule>> {
+    let candle::Device::Cuda(dev) = device else { candle::bail!("flash-attn3: variant modules load on a CUDA device, got {device:?}") };
+    // The handle the ops use for this context, so that the module's context is theirs.
+    let gpu = gpu_for(&dev.cuda_stream())?;
+    Ok(Arc::new(VariantModule::load(&gpu, ptx, names).map_err(wrap)?))
 }
 
 impl FlashAttnOptions {
@@ -74,7 +107,21 @@ impl FlashAttnOptions {
             sinks: None,
             deterministic: false,
             documents: None,
+            variant: None,
         }
+    }
+
+    /// With variant `name` of `module` ([`load_variants`]), reading `data`: a contiguous
+    /// f32 or u32 tensor on q's device (the words its functions read with `f32_at` /
+    /// `u32_at`; `None`: every read yields 0). The buffer gets no gradient. A name the
+    /// module lacks or data of another dtype is an error here.
+    pub fn variant(mut self, module: &Arc<VariantModule>, name: &str, data: Option<Tensor>) -> Result<Self> {
+        module.variant(name).map_err(wrap)?;
+        if let Some(t) = &data {
+            check_vec("variant data", t, &[DType::F32, DType::U32])?;
+        }
+        self.variant = Some(FlashAttnVariant { module: module.clone(), name: name.to_string(), data });
+        Ok(self)
     }
 
     /// With (`true`) or without the bottom-right causal mask.
@@ -83,8 +130,9 @@ impl FlashAttnOptions {
         self
     }
 
-    /// The library's options (the slopes and sinks travel as device addresses).
-    fn attn_options(&self) -> AttnOptions<'static> {
+    /// The library's options (the slopes, sinks and the variant's buffer travel as device
+    /// addresses).
+    fn attn_options(&self) -> Result<AttnOptions<'_>> {
         let mut o = AttnOptions::default().softmax_scale(self.softmax_scale).deterministic(self.deterministic);
         if let Some(c) = self.softcap {
             o = o.softcap(c);
@@ -96,7 +144,10 @@ impl FlashAttnOptions {
         if window.is_bounded() {
             o.window = Some(window);
         }
-        o
+        if let Some(v) = &self.variant {
+            o = o.variant(v.module.variant(&v.name).map_err(wrap)?);
+        }
+        Ok(o)
     }
 }
 
@@ -157,14 +208,20 @@ fn tensor_desc<'a>(name: &str, s: &'a CudaStorage, l: &Layout, stream: &'a Arc<C
     Ok((desc, a))
 }
 
-/// The storage and start of the contiguous f32 tensor `name`.
-fn f32_vec<'a>(name: &str, t: &'a Tensor) -> Result<(candle::StorageRef<'a>, usize)> {
-    if t.dtype() != DType::F32 {
-        candle::bail!("flash-attn3: {name} must be f32, got {:?}", t.dtype())
+/// Checks that `name` is a contiguous tensor of one of `dtypes`.
+fn check_vec(name: &str, t: &Tensor, dtypes: &[DType]) -> Result<()> {
+    if !dtypes.contains(&t.dtype()) {
+        candle::bail!("flash-attn3: {name} must be {}, got {:?}", dtypes.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(" or "), t.dtype())
     }
     if !t.is_contiguous() {
         candle::bail!("flash-attn3: {name} must be contiguous")
     }
+    Ok(())
+}
+
+/// The storage and start of the contiguous f32 tensor `name`.
+fn f32_vec<'a>(name: &str, t: &'a Tensor) -> Result<(candle::StorageRef<'a>, usize)> {
+    check_vec(name, t, &[DType::F32])?;
     let (s, l) = t.storage_and_layout();
     Ok((s, l.start_offset()))
 }
@@ -176,17 +233,28 @@ fn cuda<'a>(name: &str, s: &'a Storage) -> Result<&'a CudaStorage> {
     }
 }
 
-/// Runs `f` with the ALiBi slopes, sinks and documents of `opts` as the planners take
-/// them, for q of `shape`.
-fn with_extras<R>(
-    opts: &FlashAttnOptions,
-    shape: [usize; 4],
-    stream: &Arc<CudaStream>,
-    f: impl FnOnce(Option<AlibiDesc>, Option<DeviceVec>, Option<DocsDesc>) -> Result<R>,
-) -> Result<R> {
+/// The buffers of a call's options as the planners take them.
+struct Extras {
+    alibi: Option<AlibiDesc>,
+    sinks: Option<DeviceVec>,
+    documents: Option<DocsDesc>,
+    variant: Option<VariantDesc>,
+}
+
+/// Runs `f` with the ALiBi slopes, sinks, documents and variant buffer of `opts` as the
+/// planners take them, for q of `shape`.
+fn with_extras<R>(opts: &FlashAttnOptions, shape: [usize; 4], stream: &Arc<CudaStream>, f: impl FnOnce(Extras) -> Result<R>) -> Result<R> {
     let [b, _, hq, _] = shape;
     let slopes = opts.alibi_slopes.as_ref().map(|t| f32_vec("alibi_slopes", t)).transpose()?;
     let sinks = opts.sinks.as_ref().map(|t| f32_vec("sinks", t)).transpose()?;
+    let variant_data = opts.variant.as_ref().and_then(|v| v.data.as_ref());
+    let words = match variant_data {
+        Some(t) => {
+            check_vec("variant data", t, &[DType::F32, DType::U32])?;
+            Some((t.storage_and_layout(), t))
+        }
+        None => None,
+    };
     let slopes_addr = match (&slopes, &opts.alibi_slopes) {
         (Some((s, off)), Some(t)) => {
             let per_batch = match t.dims() {
@@ -209,8 +277,24 @@ fn with_extras<R>(
         }
         _ => None,
     };
+    let words_addr = match &words {
+        Some(((s, l), t)) => {
+            let s = cuda("variant data", s)?;
+            let a = match t.dtype() {
+                DType::F32 => addr_of(s.as_cuda_slice::<f32>()?, l.start_offset(), stream),
+                _ => addr_of(s.as_cuda_slice::<u32>()?, l.start_offset(), stream),
+            };
+            Some((VariantDesc { data: a.addr, words: t.elem_count().min(a.len) }, a))
+        }
+        None => None,
+    };
     let docs = opts.documents.as_ref().map(|d| d.desc(stream));
-    f(slopes_addr.as_ref().map(|(d, _)| *d), sinks_addr.as_ref().map(|(d, _)| *d), docs.as_ref().map(|(d, _)| *d))
+    f(Extras {
+        alibi: slopes_addr.as_ref().map(|(d, _)| *d),
+        sinks: sinks_addr.as_ref().map(|(d, _)| *d),
+        documents: docs.as_ref().map(|(d, _)| *d),
+        variant: words_addr.as_ref().map(|(d, _)| *d),
+    })
 }
 
 /// One of q, k, v as a custom op gets it.
@@ -263,13 +347,12 @@ impl QkvKernels for FlashAttn {
             let (oa, _os) = out.device_ptr_mut(&stream);
             let (la, _ls) = lse.device_ptr_mut(&stream);
             let od = TensorDesc { dtype: qd.dtype, layout: flash_attn3::Layout::contiguous(shape), addr: oa, buffer_len: out_len };
-            with_extras(&self.opts, shape, &stream, |alibi, sinks, documents| {
+            let opts = self.opts.attn_options()?;
+            with_extras(&self.opts, shape, &stream, |x| {
                 // SAFETY: every address comes from a live allocation of this context with
                 // its element count; the planner checks each view against it.
-                unsafe {
-                    flash_attn3::flash_attn_raw(&gpu, &stream, &qd, &kd, &vd, &od, (la, lse_len), &self.opts.attn_options(), alibi, sinks, documents, None)
-                }
-                .map_err(wrap)
+                unsafe { flash_attn3::flash_attn_raw(&gpu, &stream, &qd, &kd, &vd, &od, (la, lse_len), &opts, x.alibi, x.sinks, x.documents, x.variant) }
+                    .map_err(wrap)
             })?;
         }
         *self.lse.lock().unwrap_or_else(|p| p.into_inner()) = Some(lse);
@@ -343,7 +426,8 @@ impl QkvKernels for FlashAttnBwd {
                 buffer_len: src.layout.numel(),
             };
             let (dq, dk, dv) = (grad(&qd, 0), grad(&kd, nq), grad(&vd, nq + nk));
-            with_extras(&self.opts, qd.layout.shape, &stream, |alibi, sinks, documents| {
+            let opts = self.opts.attn_options()?;
+            with_extras(&self.opts, qd.layout.shape, &stream, |x| {
                 let tensors = BwdTensors {
                     q: qd,
                     k: kd,
@@ -355,17 +439,17 @@ impl QkvKernels for FlashAttnBwd {
                     dk,
                     dv,
                     workspace: (wa, workspace_len),
-                    alibi,
+                    alibi: x.alibi,
                     // The sinks shape the forward's softmax, so the backward needs them;
                     // their own gradient is not asked for.
-                    sinks,
+                    sinks: x.sinks,
                     dsinks: None,
-                    documents,
-                    variant: None,
+                    documents: x.documents,
+                    variant: x.variant,
                 };
                 // SAFETY: as in the forward; the three gradients are disjoint views of
                 // one allocation, each sized to its tensor.
-                unsafe { flash_attn3::flash_attn_backward_raw(&gpu, &stream, &tensors, &self.opts.attn_options()) }.map_err(wrap)
+                unsafe { flash_attn3::flash_attn_backward_raw(&gpu, &stream, &tensors, &opts) }.map_err(wrap)
             })?;
         }
         Ok((CudaStorage::wrap_cuda_slice(grads, dev.clone()), Shape::from(nq + nk + nv)))
@@ -395,6 +479,12 @@ fn unit_last_stride(t: &Tensor) -> Result<Tensor> {
 /// the gradient registered for candle's autograd (dQ, dK, dV, and the sinks' when they
 /// track gradients).
 pub fn flash_attn_with(q: &Tensor, k: &Tensor, v: &Tensor, opts: &FlashAttnOptions) -> Result<Tensor> {
+    // The kernels read the variant's buffer by address: it must be memory of q's context.
+    if let Some(data) = opts.variant.as_ref().and_then(|v| v.data.as_ref()) {
+        if !data.device().same_device(q.device()) {
+            candle::bail!("flash-attn3: variant data must be on q's device")
+        }
+    }
     let lse = Arc::new(Mutex::new(None));
     let op = FlashAttn { opts: opts.clone(), lse: lse.clone() };
     let o = unit_last_stride(q)?.apply_op3(&unit_last_stride(k)?, &unit_last_stride(v)?, op)?;
@@ -521,19 +611,23 @@ mod tests {
 
     #[test]
     fn right_bound_zero_runs_the_causal_kernels() {
-        let o = FlashAttnOptions::new(0.125).causal(true).attn_options();
-        assert!(o.causal && o.window.is_none());
-        let o = FlashAttnOptions { window_size_left: Some(16), ..FlashAttnOptions::new(0.125).causal(true) }.attn_options();
+        let o = FlashAttnOptions::new(0.125).causal(true);
+        let o = o.attn_options().unwrap();
+        assert!(o.causal && o.window.is_none() && o.variant.is_none());
+        let o = FlashAttnOptions { window_size_left: Some(16), ..FlashAttnOptions::new(0.125).causal(true) };
+        let o = o.attn_options().unwrap();
         assert!(o.causal);
         assert_eq!(o.window, Some(Window { left: Some(16), right: None }));
     }
 
     #[test]
     fn windows_and_plain_calls_map_to_the_library_options() {
-        let o = FlashAttnOptions { window_size_left: Some(4), window_size_right: Some(3), ..FlashAttnOptions::new(0.5) }.attn_options();
+        let o = FlashAttnOptions { window_size_left: Some(4), window_size_right: Some(3), ..FlashAttnOptions::new(0.5) };
+        let o = o.attn_options().unwrap();
         assert!(!o.causal);
         assert_eq!(o.window, Some(Window { left: Some(4), right: Some(3) }));
-        let o = FlashAttnOptions { softcap: Some(30.0), deterministic: true, ..FlashAttnOptions::new(0.5) }.attn_options();
+        let o = FlashAttnOptions { softcap: Some(30.0), deterministic: true, ..FlashAttnOptions::new(0.5) };
+        let o = o.attn_options().unwrap();
         assert!(!o.causal && o.window.is_none() && o.deterministic);
         assert_eq!((o.softmax_scale, o.softcap), (Some(0.5), Some(30.0)));
     }
@@ -543,6 +637,24 @@ mod tests {
         let t = Tensor::zeros((1, 8, 2, 64), DType::BF16, &candle::Device::Cpu)?;
         let err = flash_attn(&t, &t, &t, 0.125, true, false).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("CUDA"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn variant_modules_load_on_cuda_devices_only() {
+        let err = load_variants(&candle::Device::Cpu, "", &["v"]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("CUDA device"), "{err}");
+    }
+
+    #[test]
+    fn variant_data_must_be_contiguous_words() -> Result<()> {
+        let cpu = candle::Device::Cpu;
+        assert!(check_vec("variant data", &Tensor::zeros(8, DType::F32, &cpu)?, &[DType::F32, DType::U32]).is_ok());
+        assert!(check_vec("variant data", &Tensor::zeros(8, DType::U32, &cpu)?, &[DType::F32, DType::U32]).is_ok());
+        let err = check_vec("variant data", &Tensor::zeros(8, DType::F16, &cpu)?, &[DType::F32, DType::U32]).unwrap_err().to_string();
+        assert!(err.contains("variant data must be f32 or u32"), "{err}");
+        let strided = Tensor::zeros((4, 4), DType::F32, &cpu)?.t()?;
+        assert!(check_vec("variant data", &strided, &[DType::F32]).unwrap_err().to_string().contains("contiguous"));
         Ok(())
     }
 }

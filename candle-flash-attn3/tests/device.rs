@@ -2,10 +2,19 @@
 //! FlashAttention's 2x rule (the op's error against the f32 math at most twice the error
 //! of the same math in the input dtype, plus a tiny slack), and gradients through
 //! `Tensor::backward` against candle autograd of that math, under the same rule.
+//! User-defined variants (the `examples/variants` crate's, its PTX read from
+//! `FA3_VARIANTS_PTX`; skipped without it) against the library's CPU reference given the
+//! same `Variant` impls, under the same rule.
 use candle::{D, DType, Device, Tensor, Var};
-use candle_flash_attn3::{DocumentMask, FlashAttnOptions, flash_attn, flash_attn_alibi, flash_attn_alibi_windowed, flash_attn_windowed, flash_attn_with};
+use candle_flash_attn3::{
+    DocumentMask, FlashAttnOptions, VariantModule, flash_attn, flash_attn_alibi, flash_attn_alibi_windowed, flash_attn_windowed, flash_attn_with, load_variants,
+};
 use flash_attn3::check::{O_SLACK, grad_slack};
+use flash_attn3::reference::backward::Grads as HostGrads;
+use flash_attn3::reference::{HostTensor, HostVariant, HostVariantOf, Problem, attention_f64, attention_lowp, max_abs_err};
 use libtest_mimic::{Arguments, Trial};
+use std::sync::Arc;
+use variants::{PrefixLm, RelBias, VARIANTS};
 
 /// One attention problem: shapes and the variant, described once for the op and the math.
 #[derive(Clone, Copy, Debug)]
@@ -24,11 +33,13 @@ struct Case {
     sink: bool,
     /// Packed documents of this many keys each (the last one shorter).
     doc_len: Option<usize>,
+    /// A variant of the example's module, by name.
+    user: Option<&'static str>,
 }
 
 impl Case {
     fn new(b: usize, sq: usize, sk: usize, hq: usize, hk: usize, d: usize, dtype: DType) -> Self {
-        Case { b, sq, sk, hq, hk, d, dtype, left: None, right: None, alibi: false, softcap: None, sink: false, doc_len: None }
+        Case { b, sq, sk, hq, hk, d, dtype, left: None, right: None, alibi: false, softcap: None, sink: false, doc_len: None, user: None }
     }
     fn causal(self) -> Self {
         Case { right: Some(0), ..self }
@@ -341,6 +352,124 @@ fn documents_match_candle_math(dev: &Device) -> candle::Result<()> {
     Ok(())
 }
 
+/// A tensor's values as the CPU reference takes them (exact: f16 and bf16 widen to f32).
+fn host(t: &Tensor) -> candle::Result<HostTensor> {
+    let (b, s, h, d) = t.dims4()?;
+    Ok(HostTensor::new([b, s, h, d], t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?))
+}
+
+/// The buffer of the example's variant `name` for case `c`, on `dev` and as the host's
+/// words: a bias table `[hq, RelBias::BUCKETS]` of values in [-2, 2) (distances past
+/// `MAX_DISTANCE` clamp at these sizes), or the prefix-LM's prefixes (none, a third of the
+/// keys, more than all).
+fn variant_data(name: &str, c: &Case, dev: &Device) -> candle::Result<(Tensor, Vec<u32>)> {
+    if name == VARIANTS[0] {
+        let table: Vec<f32> = (0..c.hq * RelBias::BUCKETS as usize).map(|i| (i * 7919 % 1000) as f32 / 250.0 - 2.0).collect();
+        let words = table.iter().map(|x| x.to_bits()).collect();
+        return Ok((Tensor::new(table, dev)?, words));
+    }
+    let prefixes: Vec<u32> = [0, c.sk as u32 / 3, c.sk as u32 + 5].into_iter().cycle().take(c.b).collect();
+    Ok((Tensor::new(prefixes.clone(), dev)?, prefixes))
+}
+
+/// Case `c` (its `user` variant) through `flash_attn_with`, forward and backward, against
+/// the CPU reference of the same `Variant` impl (`HostVariantOf`) under the 2x rule.
+fn check_user_variant(dev: &Device, module: &Arc<VariantModule>, c: &Case, host_variant: &dyn Fn(Vec<u32>) -> Box<dyn HostVariant>) -> candle::Result<()> {
+    let name = c.user.expect("a variant case");
+    let x = inputs(c, dev)?;
+    let (data, words) = variant_data(name, c, dev)?;
+    let opts = FlashAttnOptions::new(c.scale()).causal(c.right == Some(0)).variant(module, name, Some(data))?;
+    let w = Tensor::randn(0f32, 1., x.q.dims(), dev)?.to_dtype(c.dtype)?;
+    let (q, k, v) = (Var::from_tensor(&x.q)?, Var::from_tensor(&x.k)?, Var::from_tensor(&x.v)?);
+    let o = flash_attn_with(q.as_tensor(), k.as_tensor(), v.as_tensor(), &opts)?;
+    let g = (o.to_dtype(DType::F32)? * w.to_dtype(DType::F32)?)?.sum_all()?.backward()?;
+    let grad = |t: &Var| -> candle::Result<Vec<f32>> {
+        let g = g.get(t.as_tensor()).ok_or_else(|| candle::Error::Msg("no gradient".into()))?;
+        g.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+    };
+
+    let (q_host, k_host, v_host, dout) = (host(&x.q)?, host(&x.k)?, host(&x.v)?, host(&w)?);
+    let reference_variant = host_variant(words);
+    let p = Problem { variant: Some(&*reference_variant), ..Problem::plain(&q_host, &k_host, &v_host, c.right == Some(0), c.scale()) };
+    let exact = attention_f64(&p);
+    let naive = attention_lowp(&p, flash_dtype(c.dtype));
+    let got = o.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    assert_rule("O", c, max_abs_err(&got, &exact.o), max_abs_err(&naive.o, &exact.o), O_SLACK);
+    let grads = HostGrads { dq: grad(&q)?, dk: grad(&k)?, dv: grad(&v)? };
+    let report = flash_attn3::check::check_backward(&p, &dout, flash_dtype(c.dtype), &grads);
+    assert!(report.passed(), "gradients of {c:?}: {report}");
+    Ok(())
+}
+
+/// The learned relative-position bias (an f32 table per query head), causal or not, fewer
+/// or more queries than keys (causal rows that see no key), GQA and MQA, every head dim.
+fn rel_bias_variant_matches_the_cpu_reference(dev: &Device, module: &Arc<VariantModule>) -> candle::Result<()> {
+    let user = Some(VARIANTS[0]);
+    for c in [
+        Case { user, ..Case::new(2, 300, 500, 4, 2, 128, DType::BF16) },
+        Case { user, ..Case::new(2, 300, 500, 4, 2, 128, DType::BF16).causal() },
+        Case { user, ..Case::new(2, 500, 300, 4, 1, 64, DType::F16).causal() },
+        Case { user, ..Case::new(1, 300, 300, 2, 2, 256, DType::BF16) },
+    ] {
+        check_user_variant(dev, module, &c, &|w| Box::new(HostVariantOf::<RelBias>::new(w)))?;
+    }
+    Ok(())
+}
+
+/// The prefix-LM mask (u32 prefixes per batch element), fewer or more queries than keys
+/// (rows that see no key without a prefix), GQA and MQA, every head dim.
+fn prefix_lm_variant_matches_the_cpu_reference(dev: &Device, module: &Arc<VariantModule>) -> candle::Result<()> {
+    let user = Some(VARIANTS[1]);
+    for c in [
+        Case { user, ..Case::new(3, 300, 500, 4, 2, 128, DType::BF16) },
+        Case { user, ..Case::new(3, 500, 300, 4, 1, 64, DType::F16) },
+        Case { user, ..Case::new(3, 257, 257, 2, 2, 256, DType::BF16) },
+    ] {
+        check_user_variant(dev, module, &c, &|w| Box::new(HostVariantOf::<PrefixLm>::new(w)))?;
+    }
+    Ok(())
+}
+
+/// A name the module lacks, data of another dtype or device, options a variant does not
+/// take, a module of names the PTX lacks: errors, not crashes.
+fn variant_misuse_is_an_error(dev: &Device, module: &Arc<VariantModule>) -> candle::Result<()> {
+    let msg = |r: candle::Result<Tensor>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let opts = FlashAttnOptions::new(1.0);
+    let err = opts.clone().variant(module, "nope", None).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("nope"), "{err}");
+    let f16 = Tensor::zeros(8, DType::F16, dev)?;
+    let err = opts.clone().variant(module, VARIANTS[0], Some(f16)).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("f32 or u32"), "{err}");
+    let q = Tensor::zeros((1, 64, 2, 64), DType::BF16, dev)?;
+    let table = Tensor::zeros(2 * RelBias::BUCKETS as usize, DType::F32, dev)?;
+    let capped = FlashAttnOptions { softcap: Some(5.0), ..opts.clone().variant(module, VARIANTS[0], Some(table))? };
+    assert!(msg(flash_attn_with(&q, &q, &q, &capped)).contains("combines only with causal and sinks"));
+    let on_cpu = opts.clone().variant(module, VARIANTS[0], Some(Tensor::zeros(8, DType::F32, &Device::Cpu)?))?;
+    assert!(msg(flash_attn_with(&q, &q, &q, &on_cpu)).contains("q's device"));
+    let ptx = std::env::var("FA3_VARIANTS_PTX").map_err(candle::Error::wrap)?;
+    let ptx = std::fs::read_to_string(ptx)?;
+    let err = load_variants(dev, &ptx, &["nope"]).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("nope"), "{err}");
+    Ok(())
+}
+
+/// The example's variant module from `FA3_VARIANTS_PTX`, for the variant tests: `None`
+/// (the reason printed) when the variable is unset, an error when it names no module.
+fn variants_module(dev: &Device) -> Option<Result<Arc<VariantModule>, String>> {
+    let Ok(path) = std::env::var("FA3_VARIANTS_PTX") else {
+        println!(
+            "variant tests SKIPPED (reported as ignored): FA3_VARIANTS_PTX is not set (write the example's module with \
+             `cargo run --release -p fa3-variants-example --bin variants-ptx -- FILE`)"
+        );
+        return None;
+    };
+    let ptx = match std::fs::read_to_string(&path) {
+        Ok(p) => p,
+        Err(e) => return Some(Err(format!("FA3_VARIANTS_PTX={path}: {e}"))),
+    };
+    Some(load_variants(dev, &ptx, &VARIANTS).map_err(|e| format!("loading {path}: {e}")))
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads.get_or_insert(1);
@@ -371,7 +500,7 @@ fn main() {
         ("misuse_is_an_error", misuse_is_an_error),
         ("sink_gradient_matches_candle_autograd", sink_gradient_matches_candle_autograd),
     ];
-    let trials = tests
+    let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, f)| {
             let (dev, ignored) = (dev.clone(), dev.is_none());
@@ -382,5 +511,23 @@ fn main() {
             .with_ignored_flag(ignored)
         })
         .collect();
+    let module = dev.as_ref().and_then(variants_module);
+    let variant_tests: [(&str, fn(&Device, &Arc<VariantModule>) -> candle::Result<()>); 3] = [
+        ("rel_bias_variant_matches_the_cpu_reference", rel_bias_variant_matches_the_cpu_reference),
+        ("prefix_lm_variant_matches_the_cpu_reference", prefix_lm_variant_matches_the_cpu_reference),
+        ("variant_misuse_is_an_error", variant_misuse_is_an_error),
+    ];
+    for (name, f) in variant_tests {
+        let (dev, module) = (dev.clone(), module.clone());
+        let ignored = dev.is_none() || module.is_none();
+        trials.push(
+            Trial::test(name, move || match (&dev, &module) {
+                (Some(d), Some(Ok(m))) => f(d, m).map_err(|e| e.to_string().into()),
+                (_, Some(Err(e))) => Err(e.clone().into()),
+                _ => Ok(()),
+            })
+            .with_ignored_flag(ignored),
+        );
+    }
     libtest_mimic::run(&args, trials).exit();
 }

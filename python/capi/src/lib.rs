@@ -7,12 +7,18 @@
 //! of the last error on the calling thread from [`fa3_last_error`]. Nothing here panics
 //! across the boundary: arguments are validated by the library's planners (the same
 //! typed errors as the Rust API) before anything is launched.
+//!
+//! User-defined variants (`flash_attn3::VariantModule`): [`fa3_variant_module_load`]
+//! loads a variant crate's PTX for a device and returns a handle, which
+//! [`Fa3Options::variant_module`] names in a call (with the variant's index and its
+//! buffer) until [`fa3_variant_module_free`] releases it. Handles are keys of a table, not
+//! pointers: a freed or made-up handle is an error, never a dangling read.
 use common::DType;
 use cudarc::driver::sys::CUstream;
-use flash_attn3::{AlibiDesc, AttnError, AttnOptions, BwdTensors, DeviceVec, DocsDesc, Gpu, Layout, TensorDesc, Window};
+use flash_attn3::{AlibiDesc, AttnError, AttnOptions, BwdTensors, DeviceVec, DocsDesc, Gpu, Layout, TensorDesc, VariantDesc, VariantModule, Window};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::c_char;
+use std::ffi::{CStr, c_char};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A tensor `[batch, seqlen, heads, hdim]` on the device: address, shape, strides in
@@ -52,6 +58,15 @@ pub struct Fa3Options {
     pub doc_positions: i64,
     pub doc_seqlen: i64,
     pub doc_per_batch: i32,
+    /// A user-defined variant: the handle of its module ([`fa3_variant_module_load`], of
+    /// the call's device; 0: none) and its index among the names the module was loaded
+    /// with.
+    pub variant_module: u64,
+    pub variant_index: i64,
+    /// The variant's buffer: device address of its 4-byte words (f32 or u32, as the
+    /// variant reads them) and their count; 0, 0: none (every read yields 0).
+    pub variant_data: u64,
+    pub variant_words: i64,
 }
 
 /// Bad argument (the message names it).
@@ -115,9 +130,58 @@ fn documents(o: &Fa3Options) -> Option<DocsDesc> {
     (o.doc_bounds != 0).then_some(DocsDesc { addr: o.doc_bounds, positions: n(o.doc_positions), seqlen: n(o.doc_seqlen), per_batch: o.doc_per_batch != 0 })
 }
 
-fn options(o: &Fa3Options) -> AttnOptions<'static> {
+/// A loaded variant module and the device it was loaded for.
+struct LoadedModule {
+    device: i32,
+    gpu: Arc<Gpu>,
+    module: VariantModule,
+}
+
+impl Drop for LoadedModule {
+    fn drop(&mut self) {
+        // Launches return before their kernels finish: unloading the module under a
+        // running kernel is undefined, so the device's queued work ends first.
+        let _ = self.gpu.context().synchronize();
+    }
+}
+
+/// The loaded variant modules by handle (from 1; 0 is "none").
+fn modules() -> std::sync::MutexGuard<'static, (u64, HashMap<u64, Arc<LoadedModule>>)> {
+    static MODULES: OnceLock<Mutex<(u64, HashMap<u64, Arc<LoadedModule>>)>> = OnceLock::new();
+    MODULES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The module a call names (`None` for handle 0), checked against the call's device.
+fn module_of(handle: u64, device: i32) -> Result<Option<Arc<LoadedModule>>, AttnError> {
+    if handle == 0 {
+        return Ok(None);
+    }
+    let m = modules().1.get(&handle).cloned().ok_or_else(|| AttnError::InvalidVariant(format!("no variant module has handle {handle} (never loaded, or freed)")))?;
+    if m.device != device {
+        return Err(AttnError::InvalidVariant(format!("the variant module was loaded for device {}, the call runs on device {device}", m.device)));
+    }
+    Ok(Some(m))
+}
+
+/// The call's variant buffer as the raw API takes it (`None` without one: the planner
+/// then refuses a variant that holds data, and data without a variant).
+fn variant_desc(o: &Fa3Options) -> Result<Option<VariantDesc>, AttnError> {
+    let words = usize::try_from(o.variant_words).map_err(|_| AttnError::InvalidVariant(format!("negative variant_words {}", o.variant_words)))?;
+    Ok((o.variant_data != 0 || words != 0).then_some(VariantDesc { data: o.variant_data, words }))
+}
+
+/// The library's options of a call, with its variant from `module` (the module
+/// [`Fa3Options::variant_module`] names).
+fn options<'m>(o: &Fa3Options, module: Option<&'m LoadedModule>) -> Result<AttnOptions<'m>, AttnError> {
     let side = |w: i64| usize::try_from(w).ok();
     let mut opts = AttnOptions::default().causal(o.causal != 0).deterministic(o.deterministic != 0);
+    if let Some(m) = module {
+        let names = m.module.names();
+        let name = usize::try_from(o.variant_index).ok().and_then(|i| names.get(i)).ok_or_else(|| {
+            AttnError::InvalidVariant(format!("variant index {} out of range: the module holds {} ({names:?})", o.variant_index, names.len()))
+        })?;
+        opts = opts.variant(m.module.variant(name)?);
+    }
     if !o.softmax_scale.is_nan() {
         opts = opts.softmax_scale(o.softmax_scale);
     }
@@ -128,7 +192,7 @@ fn options(o: &Fa3Options) -> AttnOptions<'static> {
     if window.is_bounded() {
         opts.window = Some(window);
     }
-    opts
+    Ok(opts)
 }
 
 /// Runs `f` with the device's handle and the caller's stream, mapping errors to codes.
@@ -172,8 +236,10 @@ pub unsafe extern "C" fn fa3_forward(
         let lse = (lse, usize::try_from(lse_len).unwrap_or(0));
         let (q, k, v, out) = (desc(&q, "q")?, desc(&k, "k")?, desc(&v, "v")?, desc(&out, "out")?);
         let alibi = alibi(&o, q.layout.shape);
+        let module = module_of(o.variant_module, device)?;
+        let opts = options(&o, module.as_deref())?;
         // SAFETY: the caller guarantees the memory (this function's contract).
-        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &options(&o), alibi, sinks, documents(&o), None) }
+        unsafe { flash_attn3::flash_attn_raw(g, s, &q, &k, &v, &out, lse, &opts, alibi, sinks, documents(&o), variant_desc(&o)?) }
     })
 }
 
@@ -225,11 +291,74 @@ pub unsafe extern "C" fn fa3_backward(
             sinks: vec(o.sinks).filter(|_| dsinks != 0),
             dsinks: vec(dsinks),
             documents: documents(&o),
-            variant: None,
+            variant: variant_desc(&o)?,
         };
+        let module = module_of(o.variant_module, device)?;
         // SAFETY: the caller guarantees the memory (this function's contract).
-        unsafe { flash_attn3::flash_attn_backward_raw(g, s, &tensors, &options(&o)) }
+        unsafe { flash_attn3::flash_attn_backward_raw(g, s, &tensors, &options(&o, module.as_deref())?) }
     })
+}
+
+/// Loads a variant module (a variant crate's PTX, `ptx_len` bytes of text at `ptx`, built
+/// by `ptx_builder::build_variant_module`) for device `device` with its variants `names`
+/// (`count` NUL-terminated UTF-8 strings: the names given to `variant_kernels!`, in the
+/// order [`Fa3Options::variant_index`] counts them), and writes its handle to `*handle`.
+/// The module stays loaded until [`fa3_variant_module_free`]: keep it until the calls
+/// that use it are done, their backward included.
+///
+/// # Safety
+/// `ptx` must be valid for `ptx_len` bytes, `names` for `count` pointers to NUL-terminated
+/// strings, `handle` for one write (null pointers are refused).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fa3_variant_module_load(device: i32, ptx: *const c_char, ptx_len: usize, names: *const *const c_char, count: usize, handle: *mut u64) -> i32 {
+    let result = (|| {
+        if ptx.is_null() || handle.is_null() || (names.is_null() && count > 0) {
+            return Err(AttnError::InvalidVariant("null ptx, names or handle pointer".into()));
+        }
+        // SAFETY: the caller passes `ptx_len` readable bytes.
+        let ptx = std::str::from_utf8(unsafe { std::slice::from_raw_parts(ptx as *const u8, ptx_len) })
+            .map_err(|e| AttnError::KernelLoad(format!("variant module: the PTX is not UTF-8 text ({e})")))?;
+        // SAFETY: the caller passes `count` pointers (checked non-null above when count > 0).
+        let names = if count == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(names, count) } };
+        let names = names
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                if n.is_null() {
+                    return Err(AttnError::InvalidVariant(format!("variant name {i} is a null pointer")));
+                }
+                // SAFETY: a NUL-terminated string (the caller's contract).
+                unsafe { CStr::from_ptr(n) }.to_str().map_err(|_| AttnError::InvalidVariant(format!("variant name {i} is not UTF-8")))
+            })
+            .collect::<Result<Vec<&str>, _>>()?;
+        let g = gpu(device)?;
+        let module = VariantModule::load(&g, ptx, &names)?;
+        let mut table = modules();
+        table.0 += 1;
+        let h = table.0;
+        table.1.insert(h, Arc::new(LoadedModule { device, gpu: g, module }));
+        Ok(h)
+    })();
+    match result {
+        Ok(h) => {
+            // SAFETY: checked non-null; the caller passes a writable u64.
+            unsafe { *handle = h };
+            0
+        }
+        Err(e) => fail(code_of(&e), e.to_string()),
+    }
+}
+
+/// Unloads the variant module of `handle` (after the device's queued work: a kernel of
+/// it may still run). An unknown handle (0, freed, never loaded) is an error.
+#[unsafe(no_mangle)]
+pub extern "C" fn fa3_variant_module_free(handle: u64) -> i32 {
+    // Out of the table's lock before the drop, which waits for the device.
+    let removed = modules().1.remove(&handle);
+    match removed {
+        Some(_) => 0,
+        None => fail(FA3_ERR_INVALID, AttnError::InvalidVariant(format!("no variant module has handle {handle} to free")).to_string()),
+    }
 }
 
 /// Copies the last error's message on this thread into `buf` (`len` bytes, NUL
@@ -273,6 +402,10 @@ mod tests {
             doc_positions: 0,
             doc_seqlen: 0,
             doc_per_batch: 0,
+            variant_module: 0,
+            variant_index: 0,
+            variant_data: 0,
+            variant_words: 0,
         }
     }
 
@@ -284,18 +417,66 @@ mod tests {
     #[test]
     fn options_map_to_the_rust_api() {
         let o = Fa3Options { causal: 1, window_left: 128, ..plain() };
-        let a = options(&o);
-        assert!(a.causal && a.softmax_scale.is_none() && a.softcap.is_none());
+        let a = options(&o, None).unwrap();
+        assert!(a.causal && a.softmax_scale.is_none() && a.softcap.is_none() && a.variant.is_none());
         assert_eq!(a.window, Some(Window { left: Some(128), right: None }));
-        let none = options(&Fa3Options { window_left: -1, ..o });
+        let none = options(&Fa3Options { window_left: -1, ..o }, None).unwrap();
         assert_eq!(none.window, None, "unbounded on both sides: no window");
-        assert_eq!(options(&Fa3Options { softcap: 30.0, softmax_scale: 0.1, ..o }).softcap, Some(30.0));
+        assert_eq!(options(&Fa3Options { softcap: 30.0, softmax_scale: 0.1, ..o }, None).unwrap().softcap, Some(30.0));
         assert_eq!(alibi(&o, [2, 64, 8, 64]), None);
         let per_batch = Fa3Options { alibi_slopes: 0x7f00_0000_0000, alibi_per_batch: 1, ..o };
         assert_eq!(alibi(&per_batch, [2, 64, 8, 64]).map(|a| (a.len, a.per_batch)), Some((16, true)));
         assert_eq!(documents(&o), None, "no documents: none");
         let docs = Fa3Options { doc_bounds: 0x7f00_0000_0000, doc_positions: 128, doc_seqlen: 64, doc_per_batch: 1, ..o };
         assert_eq!(documents(&docs), Some(DocsDesc { addr: 0x7f00_0000_0000, positions: 128, seqlen: 64, per_batch: true }));
+    }
+
+    #[test]
+    fn options_layout_is_the_one_python_declares() {
+        // flash_attn3_torch's ctypes `_Options` lists the same fields in this order.
+        assert_eq!(std::mem::size_of::<Fa3Options>(), 120);
+        assert_eq!(std::mem::offset_of!(Fa3Options, doc_per_batch), 80);
+        assert_eq!(std::mem::offset_of!(Fa3Options, variant_module), 88);
+        assert_eq!(std::mem::offset_of!(Fa3Options, variant_words), 112);
+        assert_eq!(std::mem::size_of::<Fa3Tensor>(), 88);
+    }
+
+    #[test]
+    fn variant_misuse_is_a_typed_error() {
+        assert!(module_of(0, 0).unwrap().is_none(), "handle 0: no variant");
+        let unknown = module_of(0xdead, 0).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(unknown.contains("no variant module has handle 57005"), "{unknown}");
+        assert_eq!(variant_desc(&plain()).unwrap(), None, "no buffer");
+        let data = Fa3Options { variant_data: 0x7f00_0000_0000, variant_words: 257, ..plain() };
+        assert_eq!(variant_desc(&data).unwrap(), Some(VariantDesc { data: 0x7f00_0000_0000, words: 257 }));
+        assert!(matches!(variant_desc(&Fa3Options { variant_words: -1, ..data }), Err(AttnError::InvalidVariant(_))));
+        // A buffer without a variant: the planner refuses it before anything runs.
+        let (q, lse) = (desc(&tensor([1, 64, 2, 64]), "q").unwrap(), (0x7f00_0000_0000, 128));
+        let opts = options(&data, None).unwrap();
+        let r = flash_attn3::plan_forward(&q, &q, &q, &q, lse, &opts, None, None, None, variant_desc(&data).unwrap(), 132);
+        assert!(matches!(r, Err(AttnError::InvalidVariant(m)) if m.contains("without AttnOptions::variant")));
+        assert_eq!(fa3_variant_module_free(0xdead), FA3_ERR_INVALID);
+        assert_eq!(fa3_variant_module_free(0), FA3_ERR_INVALID);
+    }
+
+    #[test]
+    fn variant_module_load_refuses_null_pointers_and_reports_no_device() {
+        let mut handle = 0u64;
+        let ptx = b".version 8.0";
+        // SAFETY: null pointers are what is checked; nothing is read through them.
+        let rc = unsafe { fa3_variant_module_load(0, std::ptr::null(), 0, std::ptr::null(), 0, &mut handle) };
+        assert_eq!(rc, FA3_ERR_INVALID);
+        // SAFETY: `ptx` holds its length; one name pointer that is null (refused).
+        let names = [std::ptr::null::<c_char>()];
+        let rc = unsafe { fa3_variant_module_load(0, ptx.as_ptr() as *const c_char, ptx.len(), names.as_ptr(), 1, &mut handle) };
+        assert_eq!(rc, FA3_ERR_INVALID);
+        // Valid arguments: on a machine without a GPU the device handle fails (a CUDA
+        // error); with one, this text has no kernel of variant "v" (a load error too).
+        let name = c"v";
+        let names = [name.as_ptr()];
+        // SAFETY: valid pointers and lengths.
+        let rc = unsafe { fa3_variant_module_load(0, ptx.as_ptr() as *const c_char, ptx.len(), names.as_ptr(), 1, &mut handle) };
+        assert_eq!((rc, handle), (FA3_ERR_CUDA, 0), "nothing is loaded, no handle written");
     }
 
     #[test]
