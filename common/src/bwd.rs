@@ -142,12 +142,12 @@ pub const fn block_m(hdim: u32, wide: bool) -> u32 {
 }
 
 /// Whether the built-in backward kernel of this head dimension, score modification and
-/// mask runs 128-row steps ([`block_m`]): hdim 64 without a score modification, causal or
-/// not, with a sliding window too (user variants' kernels, `ScoreModKind::User`, and
-/// documents run 64-row steps: with documents the consumers spilled 4 bytes). The
-/// kernels' traits and the host's plan both read it.
+/// mask runs 128-row steps ([`block_m`]): hdim 64 without a score modification or with
+/// ALiBi, causal or not, with a sliding window too (soft-capping, user variants'
+/// kernels, `ScoreModKind::User`, and documents run 64-row steps: with documents the
+/// consumers spilled 4 bytes). The kernels' traits and the host's plan both read it.
 pub const fn wide_steps(hdim: u32, score_mod: crate::ScoreModKind, mask: crate::MaskKind) -> bool {
-    hdim == 64 && matches!(score_mod, crate::ScoreModKind::None) && matches!(mask, crate::MaskKind::Causal | crate::MaskKind::Local)
+    hdim == 64 && matches!(score_mod, crate::ScoreModKind::None | crate::ScoreModKind::Alibi) && matches!(mask, crate::MaskKind::Causal | crate::MaskKind::Local)
 }
 
 /// Query rows per step of a backward main-kernel entry.

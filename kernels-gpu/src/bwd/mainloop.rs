@@ -439,7 +439,14 @@ impl<K: BwdTraits> Consumer<'_, K> {
             gemm::wait::<1>(&mut dp);
         }
 
-        // 3. dSᵀ = Pᵀ ∘ (dPᵀ − D), in place of dPᵀ, packed likewise.
+        // 3. dSᵀ = Pᵀ ∘ (dPᵀ − D), in place of dPᵀ, packed likewise. With ALiBi on
+        // 128-row steps D's address is derived here again: held from the step's start it
+        // was spilled.
+        let (dpsum, col_2t) = if K::ALIBI && K::BLOCK_M == 128 {
+            (vectors().1, 2 * (opaque_u32(self.thread_in_wg) % 4))
+        } else {
+            (dpsum, col_2t)
+        };
         let mut dsf = <<K::Scores as ScoreTile>::Probs as ProbTile>::zeroed();
         for kb in 0..steps {
             for e in 0..2 {
