@@ -155,7 +155,9 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// softmax's path (read after them, the LSE and D loads were the most sampled stall of
     /// the hdim-128 warps): not with 128-query steps, at hdim 256, with soft-capping or
     /// ALiBi, where the LSE and D together spilled 4-16 bytes (window backward with the
-    /// LSE alone: +2.3% at hdim 64, +1.1% at hdim 128 16k).
+    /// LSE alone: +2.3% at hdim 64, +1.1% at hdim 128 16k). D is read after the wait for
+    /// `dPᵀ`: read early too, it spilled the window kernels, and beside
+    /// [`Self::MASK_PASS`] the plain ones' producer warpgroup (perf-history 136).
     const EARLY_LSE: bool = K::BLOCK_M == 64 && !K::SPLIT && !K::SOFTCAP && !K::ALIBI && !K::Variant::ACTIVE;
 
     /// The mask zeroes the hidden pairs' `P` in a pass of its own that only masked steps
@@ -163,18 +165,11 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// exponentials' loop, ptxas predicated the test into every step (2-4 instructions a
     /// score without a mask's need, 8-10 with a window's two bounds). Not where `P` is
     /// packed as it is made (soft-capping, user variants: [`Self::SCALED_DS`]) or where
-    /// a user variant's logit reads whether the step is masked.
-    ///
-    /// Not in hdim 128's plain kernels either, whose producer warpgroup then spilled a
-    /// register (ptxas moved the block and head indices it shares with the consumers out
-    /// of uniform registers), nor with ALiBi and a window there (the consumers spilled).
+    /// a user variant's logit reads whether the step is masked, nor at hdim 128 with ALiBi
+    /// and a window (the consumers spilled).
     const MASK_PASS: bool = !Self::SCALED_DS
         && !K::Variant::ACTIVE
         && !(K::HDIM == 128 && K::ALIBI && K::LOCAL && !<K::Docs as DocSource>::DOCS);
-
-    /// D too ([`Self::EARLY_LSE`]'s four registers more while the products land): not
-    /// with windows or documents, where it spilled 4 bytes.
-    const EARLY_VECTORS: bool = Self::EARLY_LSE && !K::LOCAL && !Self::MASK_PASS;
 
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
@@ -314,9 +309,8 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 }
             })
         };
-        // This warpgroup's queries of the step: their LSE and D (derived after the wait
-        // but with [`Self::EARLY_VECTORS`]: held across it, they spilled the soft-capped
-        // kernels), and the first one.
+        // This warpgroup's queries of the step: their LSE and D (derived after the wait:
+        // held across it, they spilled the soft-capped kernels), and the first LSE.
         let vectors = || (s.lse_slot::<K>(st.index()).add(4 * tile.query0), s.dpsum_slot::<K>(st.index()).add(4 * tile.query0));
         let lse_first = if Self::EARLY_LSE { Self::vector_pair(vectors().0, 2 * (self.thread_in_wg % 4), 0) } else { [[0.0; 2]; 2] };
         // Score modifications: dPᵀ is issued after Pᵀ is made ([`Self::LATE_DP`]).
@@ -430,8 +424,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         if !K::SPLIT {
             Self::issue_dv(grads, &mut probs, do_b);
         }
-        // dPᵀ landed (dV may still run); the first k-step's D may be read before.
-        let d_first = if Self::EARLY_VECTORS { Self::vector_pair(dpsum, col_2t, 0) } else { [[0.0; 2]; 2] };
+        // dPᵀ must land (dV may still run).
         if K::SPLIT || Self::DV_BEFORE_DS {
             gemm::wait::<0>(&mut dp);
             probs.fence_operand();
@@ -451,7 +444,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
         for kb in 0..steps {
             for e in 0..2 {
                 let j = 2 * kb + e;
-                let d = if Self::EARLY_VECTORS && kb == 0 { d_first[e] } else { Self::vector_at(dpsum, col_2t, j) };
+                let d = Self::vector_at(dpsum, col_2t, j);
                 let (sf, dpf) = (scores.frag(j), dp.frag_mut(j));
                 for i in 0..4 {
                     dpf[i] = sf[i] * (dpf[i] - d[i % 2]);
