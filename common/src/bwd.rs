@@ -728,6 +728,20 @@ macro_rules! bwd_kernel_table {
             bwd_hdim256_bf16_softcap_document => BF16, hdim 256, Main, Softcap, Document;
             bwd_hdim256_f16_deterministic_softcap_document => F16, hdim 256, MainDeterministic, Softcap, Document;
             bwd_hdim256_bf16_deterministic_softcap_document => BF16, hdim 256, MainDeterministic, Softcap, Document;
+            bwd_hdim128_f16_deterministic_alibi_document => F16, hdim 128, MainDeterministic, Alibi, Document;
+            bwd_hdim128_f16_softcap_alibi_document => F16, hdim 128, Main, SoftcapAlibi, Document;
+            bwd_hdim256_f16_alibi_document => F16, hdim 256, Main, Alibi, Document;
+            bwd_hdim256_f16_softcap_alibi_document => F16, hdim 256, Main, SoftcapAlibi, Document;
+            bwd_hdim128_f16_deterministic_softcap_alibi_document => F16, hdim 128, MainDeterministic, SoftcapAlibi, Document;
+            bwd_hdim256_f16_deterministic_alibi_document => F16, hdim 256, MainDeterministic, Alibi, Document;
+            bwd_hdim256_f16_deterministic_softcap_alibi_document => F16, hdim 256, MainDeterministic, SoftcapAlibi, Document;
+            bwd_hdim128_bf16_deterministic_alibi_document => BF16, hdim 128, MainDeterministic, Alibi, Document;
+            bwd_hdim128_bf16_softcap_alibi_document => BF16, hdim 128, Main, SoftcapAlibi, Document;
+            bwd_hdim256_bf16_alibi_document => BF16, hdim 256, Main, Alibi, Document;
+            bwd_hdim256_bf16_softcap_alibi_document => BF16, hdim 256, Main, SoftcapAlibi, Document;
+            bwd_hdim128_bf16_deterministic_softcap_alibi_document => BF16, hdim 128, MainDeterministic, SoftcapAlibi, Document;
+            bwd_hdim256_bf16_deterministic_alibi_document => BF16, hdim 256, MainDeterministic, Alibi, Document;
+            bwd_hdim256_bf16_deterministic_softcap_alibi_document => BF16, hdim 256, MainDeterministic, SoftcapAlibi, Document;
         }
     };
 }

@@ -557,6 +557,10 @@ macro_rules! fa3_kernel_table {
             fa3_fwd_hdim128_bf16_n64_alibi_document => BF16, hdim 128, wgs 2, keys 64, cluster 1, FULL, Alibi, Document;
             fa3_fwd_hdim64_bf16_softcap_alibi_document => BF16, hdim 64, wgs 2, keys 128, cluster 1, FULL, SoftcapAlibi, Document;
             fa3_fwd_hdim128_bf16_n64_softcap_alibi_document => BF16, hdim 128, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Document;
+            fa3_fwd_hdim256_f16_n64_alibi_document => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi, Document;
+            fa3_fwd_hdim256_f16_n64_softcap_alibi_document => F16, hdim 256, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Document;
+            fa3_fwd_hdim256_bf16_n64_alibi_document => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, Alibi, Document;
+            fa3_fwd_hdim256_bf16_n64_softcap_alibi_document => BF16, hdim 256, wgs 2, keys 64, cluster 1, FULL, SoftcapAlibi, Document;
         }
     };
 }

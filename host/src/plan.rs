@@ -287,14 +287,12 @@ impl<'a> AttnOptions<'a> {
 
     /// The mask these options compile in and its kernel parameters, for a call of `batch`
     /// sequences of `seqlen_q` queries and `seqlen_k` keys (which a window or documents
-    /// limit) at head dim `hdim` with `documents` (checked against the call) and the
-    /// checked `score_mod`.
+    /// limit) with `documents` (checked against the call) and the checked `score_mod`.
     pub(crate) fn mask(
         &self,
         batch: usize,
         seqlen_q: usize,
         seqlen_k: usize,
-        hdim: usize,
         documents: Option<DocsDesc>,
         score_mod: ScoreModKind,
     ) -> Result<MaskPlan> {
@@ -314,11 +312,6 @@ impl<'a> AttnOptions<'a> {
         let Some(d) = documents else {
             return Ok(MaskPlan { kind: MaskKind::Local, window, docs: DocumentBounds::default() });
         };
-        if hdim == 256 && matches!(score_mod, ScoreModKind::Alibi | ScoreModKind::SoftcapAlibi) {
-            // The forward's consumers spilled there (the loaded bounds beside ALiBi's
-            // distances and O's 128 registers; hdim 128 runs 64-key blocks for it).
-            return Err(AttnError::Unsupported(format!("documents with {score_mod:?} have no hdim 256 kernel (hdim 64 and 128 do)")));
-        }
         Ok(MaskPlan { kind: MaskKind::Document, window, docs: d.check(batch, seqlen_q, seqlen_k)? })
     }
 
@@ -645,7 +638,7 @@ pub fn plan_forward(
     if score_mod != ScoreModKind::None && algo != Algo::Fa3(Techniques::FULL) {
         return Err(AttnError::Unsupported(format!("{score_mod:?} has kernels only for FlashAttention-3 with every technique (not {algo:?})")));
     }
-    let mask_plan = opts.mask(batch, seqlen_q, seqlen_k, hdim, documents, score_mod)?;
+    let mask_plan = opts.mask(batch, seqlen_q, seqlen_k, documents, score_mod)?;
     let mask = mask_plan.kind;
     let local = mask.is_local();
     if let Some(s) = sinks {

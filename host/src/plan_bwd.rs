@@ -185,7 +185,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     // read what they are overwriting.
     check_disjoint(&all)?;
     let score_mod = opts.score_mod(t.alibi.is_some())?;
-    let mask_plan = opts.mask(batch, seqlen_q, seqlen_k, hdim, t.documents, score_mod)?;
+    let mask_plan = opts.mask(batch, seqlen_q, seqlen_k, t.documents, score_mod)?;
     let mask = mask_plan.kind;
     let find = |stage: BwdStage| {
         let found = if score_mod == ScoreModKind::User && stage.is_main() {

@@ -285,13 +285,10 @@ fn cases() -> Vec<Case> {
                 v.push(Case { b: 3, sq: 1500, sk: 1500, hq: 8, hk: 4, sinks: true, docs: Some((&[700, 128, 1], true)), ..base.clone() });
                 v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, softcap: Some(1.5), docs: Some((&[300, 64, 1], true)), ..base.clone() });
                 v.push(Case { sq: 333, sk: 333, hq: 2, hk: 1, softcap: Some(1.5), window: Some((Some(50), Some(0))), docs: Some((&[100], false)), ..base.clone() });
-                // With ALiBi (per-batch slopes or shared), soft-capped or not, with a window
-                // (hdim 64 and 128: hdim 256 has no kernel for it).
-                if d != 256 {
-                    v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, alibi: Some(causal), docs: Some((&[300, 64, 1], true)), ..base.clone() });
-                    v.push(Case { b: 3, sq: 1500, sk: 1500, hq: 8, hk: 4, alibi: Some(false), sinks: true, docs: Some((&[700, 128, 1], true)), ..base.clone() });
-                    v.push(Case { sq: 333, sk: 333, hq: 2, hk: 1, softcap: Some(1.5), alibi: Some(true), window: Some((Some(50), Some(0))), docs: Some((&[100], false)), ..base.clone() });
-                }
+                // With ALiBi (per-batch slopes or shared), soft-capped or not, with a window.
+                v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, alibi: Some(causal), docs: Some((&[300, 64, 1], true)), ..base.clone() });
+                v.push(Case { b: 3, sq: 1500, sk: 1500, hq: 8, hk: 4, alibi: Some(false), sinks: true, docs: Some((&[700, 128, 1], true)), ..base.clone() });
+                v.push(Case { sq: 333, sk: 333, hq: 2, hk: 1, softcap: Some(1.5), alibi: Some(true), window: Some((Some(50), Some(0))), docs: Some((&[100], false)), ..base.clone() });
             }
         }
     }

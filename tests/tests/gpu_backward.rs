@@ -173,15 +173,11 @@ fn cases() -> Vec<Case> {
                 v.push(Case { sq: 500, sk: 500, hq: 4, hk: 2, window: Some((Some(40), Some(8))), sinks: true, docs: Some((&[90, 33], true)), ..base.clone() });
                 v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, softcap: Some(1.5), docs: Some((&[300, 64, 1], true)), ..base.clone() });
                 v.push(Case { sq: 500, sk: 500, hq: 2, hk: 1, deterministic: true, softcap: Some(1.5), docs: Some((&[128], false)), ..base.clone() });
-                // With ALiBi, soft-capped or not (hdim 64 and 128: hdim 256 has no kernel).
-                if d != 256 {
-                    v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, alibi: Some(causal), docs: Some((&[300, 64, 1], true)), ..base.clone() });
-                    // Deterministic, and soft-capped: hdim 64 only (hdim 128 spilled).
-                    if d == 64 {
-                        v.push(Case { sq: 500, sk: 500, hq: 4, hk: 2, deterministic: true, alibi: Some(false), docs: Some((&[90, 33], true)), ..base.clone() });
-                        v.push(Case { sq: 333, sk: 333, hq: 2, hk: 1, softcap: Some(1.5), alibi: Some(true), window: Some((Some(50), Some(0))), docs: Some((&[100], false)), ..base });
-                    }
-                }
+                // With ALiBi, soft-capped or not, deterministic or not.
+                v.push(Case { sq: 700, sk: 1000, hq: 4, hk: 2, alibi: Some(causal), docs: Some((&[300, 64, 1], true)), ..base.clone() });
+                v.push(Case { sq: 500, sk: 500, hq: 4, hk: 2, deterministic: true, alibi: Some(false), docs: Some((&[90, 33], true)), ..base.clone() });
+                v.push(Case { sq: 333, sk: 333, hq: 2, hk: 1, softcap: Some(1.5), alibi: Some(true), window: Some((Some(50), Some(0))), docs: Some((&[100], false)), ..base.clone() });
+                v.push(Case { sq: 600, sk: 1000, hq: 4, hk: 2, deterministic: true, softcap: Some(1.5), alibi: Some(causal), docs: Some((&[17, 400], true)), ..base });
             }
         }
     }

@@ -286,24 +286,22 @@ fn documents_pick_the_backward_document_kernels() {
     }
     let t = BwdTensors { documents: Some(flash_attn3::DocsDesc { seqlen: 400, ..docs }), ..good(128) };
     assert!(matches!(err(&t, &AttnOptions::default()), AttnError::ShapeMismatch(_)));
-    // With ALiBi (soft-capped or not) at hdim 64 and 128; not at hdim 256, which has no
-    // forward for it.
+    // With ALiBi (soft-capped or not, deterministic or not) at every head dim.
     let alibi = Some(flash_attn3::AlibiDesc { addr: 0x7f00_0000_0000 + (24 << 36), len: 8, per_batch: false });
+    let (plain, softcap) = (AttnOptions::default(), AttnOptions::default().softcap(10.0));
     for (hdim, opts, name) in [
-        (128, AttnOptions::default(), "bwd_hdim128_bf16_alibi_document"),
-        (64, AttnOptions::default().deterministic(true), "bwd_hdim64_bf16_deterministic_alibi_document"),
-        (64, AttnOptions::default().softcap(10.0), "bwd_hdim64_bf16_softcap_alibi_document"),
+        (128, plain, "bwd_hdim128_bf16_alibi_document"),
+        (128, plain.deterministic(true), "bwd_hdim128_bf16_deterministic_alibi_document"),
+        (128, softcap, "bwd_hdim128_bf16_softcap_alibi_document"),
+        (128, softcap.deterministic(true), "bwd_hdim128_bf16_deterministic_softcap_alibi_document"),
+        (64, plain.deterministic(true), "bwd_hdim64_bf16_deterministic_alibi_document"),
+        (64, softcap, "bwd_hdim64_bf16_softcap_alibi_document"),
+        (256, plain, "bwd_hdim256_bf16_alibi_document"),
+        (256, softcap.deterministic(true), "bwd_hdim256_bf16_deterministic_softcap_alibi_document"),
     ] {
         let t = BwdTensors { documents: Some(docs), alibi, ..good(hdim) };
         assert_eq!(plan_backward(&t, &opts, 132).unwrap().launches[1].kernel.name, name);
     }
-    // Soft-capping, ALiBi and documents at once, and ALiBi with documents in the
-    // deterministic mode: no hdim 128 backward (they spilled).
-    let t = BwdTensors { documents: Some(docs), alibi, ..good(128) };
-    assert!(matches!(err(&t, &AttnOptions::default().softcap(10.0)), AttnError::Unsupported(m) if m.contains("SoftcapAlibi and Document")));
-    assert!(matches!(err(&t, &AttnOptions::default().deterministic(true)), AttnError::Unsupported(m) if m.contains("Alibi and Document")));
-    let t = BwdTensors { documents: Some(docs), alibi, ..good(256) };
-    assert!(matches!(err(&t, &AttnOptions::default()), AttnError::Unsupported(m) if m.contains("hdim 256")));
     for (hdim, name) in [(64, "bwd_hdim64_bf16_softcap_document"), (128, "bwd_hdim128_bf16_softcap_document")] {
         let t = BwdTensors { documents: Some(docs), ..good(hdim) };
         let plan = plan_backward(&t, &AttnOptions::default().softcap(10.0), 132).unwrap();

@@ -163,13 +163,14 @@ impl<K: BwdTraits> Consumer<'_, K> {
     /// The mask zeroes the hidden pairs' `P` in a pass of its own that only masked steps
     /// run, after every exponential of the step: evaluated per pair inside the
     /// exponentials' loop, ptxas predicated the test into every step (2-4 instructions a
-    /// score without a mask's need, 8-10 with a window's two bounds). Not where `P` is
-    /// packed as it is made (soft-capping, user variants: [`Self::SCALED_DS`]) or where
-    /// a user variant's logit reads whether the step is masked, nor at hdim 128 with ALiBi
-    /// and a window (the consumers spilled).
-    const MASK_PASS: bool = !Self::SCALED_DS
-        && !K::Variant::ACTIVE
-        && !(K::HDIM == 128 && K::ALIBI && K::LOCAL && !<K::Docs as DocSource>::DOCS);
+    /// score without a mask's need, 8-10 with a window's two bounds). Where `P` is packed
+    /// as it is made (soft-capping, [`Self::SCALED_DS`]) the pass zeroes the packed
+    /// halves too. Not in user variants (their logit reads whether the step is masked),
+    /// nor at hdim 128 with ALiBi and a window, or soft-capped without a window or
+    /// documents (the consumers spilled 8-16 bytes).
+    const MASK_PASS: bool = !K::Variant::ACTIVE
+        && !(K::HDIM == 128 && K::ALIBI && K::LOCAL && !<K::Docs as DocSource>::DOCS)
+        && !(Self::SCALED_DS && K::HDIM == 128 && !K::LOCAL);
 
     /// Every step of the CTA: the query heads of its K/V head, and for each the query
     /// blocks that see its keys. Returns this warpgroup's dK (before the softmax scale)
@@ -255,6 +256,37 @@ impl<K: BwdTraits> Consumer<'_, K> {
                     }
                 }
             }
+        }
+    }
+
+    /// [`Self::zero_hidden`] where `P` was packed as it was made ([`Self::SCALED_DS`]):
+    /// the hidden pairs' halves of `probs` are cleared too, and `scores` (`dS`'s factor
+    /// there) zeroed likewise. (Kept apart from `zero_hidden`: a shared body moved the
+    /// plain kernels' schedule.)
+    #[inline(always)]
+    fn zero_hidden_packed(
+        p: &BwdParams,
+        scores: &mut K::Scores,
+        probs: &mut <K::Scores as ScoreTile>::Probs,
+        mask: &KeyRowMask,
+        doc_rows: &[[i32; 2]; 2],
+        query0: i32,
+        col_2t: u32,
+    ) {
+        for j in 0..K::Scores::FRAGS {
+            let col = 8 * j as u32 + col_2t;
+            let sf = scores.frag_mut(j);
+            // Pair (r, c) of n-tile j is half c (low first) of register 2 (j % 2) + r of
+            // k-step j / 2.
+            let mut a = probs.step(j / 2);
+            for r in 0..2 {
+                let hidden = [0, 1].map(|c| mask.hides::<K>(p, doc_rows, r, query0 + (col + c) as i32));
+                for c in 0..2 {
+                    sf[2 * r + c] = if hidden[c] { 0.0 } else { sf[2 * r + c] };
+                }
+                a[2 * (j % 2) + r] &= (if hidden[0] { 0 } else { 0xFFFF }) | (if hidden[1] { 0 } else { 0xFFFF_0000 });
+            }
+            probs.set_step(j / 2, a);
         }
     }
 
@@ -395,7 +427,7 @@ impl<K: BwdTraits> Consumer<'_, K> {
                     packed[2 * e + r] = K::Element::pack2(pair[0], pair[1]);
                 }
             }
-            if !Self::MASK_PASS {
+            if !Self::MASK_PASS || Self::SCALED_DS {
                 probs.set_step(kb, if Self::SCALED_DS { packed } else { scores.probs_step::<K::Element>(kb) });
             }
         }
@@ -410,10 +442,16 @@ impl<K: BwdTraits> Consumer<'_, K> {
                 let mask = KeyRowMask::new::<K>(self.p, self.key_row(thread));
                 let doc_rows = if K::Docs::DOCS { mask.doc_rows::<K>(self.p, self.batch) } else { no_docs };
                 let (query0, col_2t) = if K::BLOCK_M == 128 { ((m * K::BLOCK_M + tile.query0) as i32, 2 * (thread % 4)) } else { (query0, col_2t) };
-                Self::zero_hidden(self.p, &mut scores, &mask, &doc_rows, query0, col_2t);
+                if Self::SCALED_DS {
+                    Self::zero_hidden_packed(self.p, &mut scores, &mut probs, &mask, &doc_rows, query0, col_2t);
+                } else {
+                    Self::zero_hidden(self.p, &mut scores, &mask, &doc_rows, query0, col_2t);
+                }
             }
-            for kb in 0..steps {
-                probs.set_step(kb, scores.probs_step::<K::Element>(kb));
+            if !Self::SCALED_DS {
+                for kb in 0..steps {
+                    probs.set_step(kb, scores.probs_step::<K::Element>(kb));
+                }
             }
         }
         let do_b = mn_major_sw128(do_slot.0, K::BLOCK_M);

@@ -20,12 +20,14 @@ use super::mask::{Mask, ScoreMod};
 use super::pipeline::{PipelineState, TmaPipeline};
 use super::producer::Loader;
 use super::scheduler::Tile;
-use super::traits::{FragTile, KernelTraits, ProbTile, WARPGROUP_ROWS};
+use super::storage::SharedStorage;
+use super::traits::{FragTile, KernelTraits, ProbTile, WARPGROUP_ROWS, WARPGROUP_THREADS};
 use crate::element::Operand;
+use crate::ptx::compiler::opaque_u32;
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::SmemAddr;
 use crate::ptx::wgmma::WgmmaAcc;
-use crate::ptx::{math, mma};
+use crate::ptx::{math, mma, sreg};
 use crate::softmax::{OnlineSoftmax, Weight};
 use common::FwdParams;
 use common::fa3::KV_STAGES;
@@ -104,7 +106,8 @@ impl PingPong {
 /// Shared-memory operands of the mainloop.
 #[derive(Clone, Copy)]
 pub struct Operands {
-    /// Descriptor of this warpgroup's 64 Q rows (chunk 0, k 0).
+    /// Descriptor of this warpgroup's 64 Q rows (chunk 0, k 0); unused where it is
+    /// derived at each step ([`KernelTraits::Q_DESC_PER_STEP`]).
     pub q_desc: u64,
     pub k: TmaPipeline<KV_STAGES>,
     pub v: TmaPipeline<KV_STAGES>,
@@ -116,6 +119,17 @@ pub struct Operands {
 }
 
 impl Operands {
+    /// This warpgroup's Q descriptor: held, or derived afresh from the thread index and
+    /// the shared-memory base ([`KernelTraits::Q_DESC_PER_STEP`]).
+    #[inline(always)]
+    fn q_desc<K: KernelTraits>(&self) -> u64 {
+        if !K::Q_DESC_PER_STEP {
+            return self.q_desc;
+        }
+        let wg = opaque_u32(sreg::thread_idx_x()) / WARPGROUP_THREADS - K::WARP_SPECIALIZED as u32;
+        K::qk_desc(SharedStorage::new::<K>(None).q.slot(0).add(K::qk_rows(K::BLOCK_M, wg * WARPGROUP_ROWS)).0)
+    }
+
     #[inline(always)]
     fn k_desc<K: KernelTraits>(&self, st: PipelineState<KV_STAGES>) -> u64 {
         K::qk_desc(self.k.slot(st.index()).0)
@@ -309,7 +323,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         self.pingpong.begin();
         self.regs.fence_operands();
         let k_desc = self.ops.k_desc::<K>(*self.rings.k_state);
-        gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, self.ops.q_desc, k_desc));
+        gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, self.ops.q_desc::<K>(), k_desc));
         let factors = self.block_factors(i);
         self.pingpong.end();
         gemm::wait::<0>(&mut self.regs.s);
@@ -328,7 +342,7 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         self.pingpong.begin();
         self.regs.fence_operands();
         let k_desc = ops.k_desc::<K>(*self.rings.k_state);
-        gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, ops.q_desc, k_desc));
+        gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, ops.q_desc::<K>(), k_desc));
         let factors = self.block_factors(i);
         let alpha = self.before_pv(alpha);
         self.regs.o.rescale(alpha);

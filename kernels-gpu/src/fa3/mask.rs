@@ -82,6 +82,9 @@ pub trait Mask: Copy {
     /// are not asked, and [`Mask::apply_with`] runs on the partial blocks.
     const SPARSE: bool = false;
 
+    /// Rows also see only their document's keys (bounds loaded from device memory).
+    const DOCS: bool = false;
+
     /// The mask of the rows `row_g` and `row_g + 8` of `tile`.
     fn new(p: &FwdParams, tile: &Tile, row_g: i32) -> Self;
 
@@ -104,6 +107,9 @@ pub trait Mask: Copy {
 
 /// What is applied to the raw scores `S = Q K^T` (before the softmax scale) of a block.
 pub trait ScoreMod: Copy {
+    /// A bias that depends on the query and key positions (ALiBi).
+    const BIAS: bool = false;
+
     /// The modification of query head `head` of batch `batch`.
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self;
 
@@ -177,6 +183,7 @@ pub struct LocalMask<D = NoDocuments> {
 
 impl<D: DocSource> Mask for LocalMask<D> {
     const LOCAL: bool = true;
+    const DOCS: bool = D::DOCS;
 
     #[inline(always)]
     fn new(_: &FwdParams, _: &Tile, row_g: i32) -> Self {
@@ -261,6 +268,8 @@ pub struct SoftcapAlibi {
 }
 
 impl ScoreMod for SoftcapAlibi {
+    const BIAS: bool = true;
+
     #[inline(always)]
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
         SoftcapAlibi { softcap: Softcap::new(p, batch, head), alibi: Alibi::new(p, batch, head) }
@@ -288,6 +297,8 @@ pub struct Alibi<const ROW_SPLIT: bool = true> {
 }
 
 impl<const ROW_SPLIT: bool> ScoreMod for Alibi<ROW_SPLIT> {
+    const BIAS: bool = true;
+
     #[inline(always)]
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
         let at = p.alibi_slopes + 4 * (batch as u64 * p.alibi_batch_stride as u64 + head as u64);

@@ -62,6 +62,12 @@ pub trait KernelTraits: Copy + 'static {
     /// Nor in the FP8 kernel at hdim 256, where ptxas 13.x spilled 4 registers with two copies.
     const SEPARATE_MASKED_LOOP: bool =
         !(Self::HDIM == 256 && (Self::BLOCK_N == 80 || Self::CONFIG.fp8)) && !<Self::Mask as Mask>::LOCAL;
+    /// Q's descriptor is derived at each QKᵀ rather than held through the tile: at
+    /// hdim 256 with documents and ALiBi the consumers (O, S and P in 176 of their 240
+    /// registers, the loaded bounds and ALiBi's per-score distances beside them) spilled
+    /// it under ptxas 13.5.
+    const Q_DESC_PER_STEP: bool =
+        Self::HDIM == 256 && <Self::Mask as Mask>::DOCS && <Self::ScoreMod as ScoreMod>::BIAS;
     /// Registers per thread after `setmaxnreg`.
     const PRODUCER_REGS: u32 = Self::CONFIG.register_split().0;
     const CONSUMER_REGS: u32 = Self::CONFIG.register_split().1;
