@@ -155,6 +155,42 @@ pub const fn entry_block_m(k: &KernelEntry) -> u32 {
     block_m(k.hdim, wide_steps(k.hdim, k.score_mod, k.mask))
 }
 
+/// The key blocks `[first, end)` of a sliding window's call whose query range neither
+/// end of the sequence clips: each sees as many query blocks as any (the window's
+/// plateau); those before and after see fewer. `[0, key_blocks)` where there is no
+/// plateau. (Approximate at the edges is harmless: it only orders the CTAs.)
+pub fn full_key_blocks(window: crate::window::KeyWindow, seqlen_q: u32, seqlen_k: u32, block_n: u32) -> [u32; 2] {
+    let key_blocks = seqlen_k.div_ceil(block_n);
+    let (bn, off) = (block_n as i64, seqlen_k as i64 - seqlen_q as i64);
+    // Key block n's queries run from n·bn − off − right to n·bn + bn − 1 − off + left.
+    let first = ((off + window.right as i64).max(0) + bn - 1) / bn;
+    let top = seqlen_q as i64 - bn + off - window.left as i64;
+    let end = if top < 0 { 0 } else { top / bn + 1 }.min(key_blocks as i64);
+    if end <= first { [0, key_blocks] } else { [first as u32, end as u32] }
+}
+
+/// The (key block before [`DqOrder::key_block`], K/V head, batch) of the CTA at grid
+/// position `(x, y, z)` of a grid `(key_blocks, heads_k, batch)` in a local kernel: the
+/// CTAs launch in the grid's linear order, and the first ones take the key blocks
+/// `full` ([`full_key_blocks`]) head by head; then come the others, every head's key
+/// block `full[1]`, then `full[1] + 1`, ..., then `full[0] - 1` down to 0 (by and large
+/// the shorter the later), so that the short CTAs fill the last wave instead of
+/// leaving one head's run of full ones to end it alone (the window backward's tail).
+/// With `full` every key block, the grid's own order.
+pub const fn cta_block(x: u32, y: u32, z: u32, key_blocks: u32, heads_k: u32, batch: u32, full: [u32; 2]) -> (u32, u32, u32) {
+    let launch = x + key_blocks * (y + heads_k * z);
+    let [first, end] = full;
+    let wide = end - first;
+    if launch < wide * heads_k * batch {
+        let rest = launch / wide;
+        return (first + launch % wide, rest % heads_k, rest / heads_k);
+    }
+    let later = launch - wide * heads_k * batch;
+    let (k, r) = (later / (heads_k * batch), later % (heads_k * batch));
+    let n = if k < key_blocks - end { end + k } else { first - 1 - (k - (key_blocks - end)) };
+    (n, r % heads_k, r / heads_k)
+}
+
 /// The query blocks of the dQ accumulator and of the deterministic counters: 64 rows
 /// (a 128-row step covers two; every kernel of a head dimension shares the workspace
 /// layout and the preprocess).
@@ -512,6 +548,9 @@ pub struct BwdParams {
     pub variant: crate::variant::VariantArgs,
     /// Block-sparse kernels (`MaskKind::Sparse`): each key block's query blocks.
     pub block_mask: crate::sparse::BlockMaskArgs,
+    /// Local kernels: the key blocks launched first, as [`cta_block`] orders them
+    /// (`[0, key blocks)`: the grid's own order).
+    pub full_key_blocks: [u32; 2],
 }
 
 impl BwdParams {
@@ -1083,6 +1122,66 @@ mod tests {
         assert_eq!([dq_accum_index(64, 8, 1), dq_accum_index(64, 0, 32), dq_accum_index(64, 0, 8), dq_accum_index(64, 16, 0), dq_accum_index(64, 64, 0)], [3, 2048, 128, 512, 4096]);
         assert_eq!([dq_accum_index(128, 0, 32), dq_accum_index(128, 0, 64), dq_accum_index(128, 16, 0)], [512, 4096, 1024]);
         assert_eq!(dq_accum_index(128, 55, 126), 8188);
+    }
+
+    #[test]
+    fn cta_block_takes_every_block_once_and_the_full_ones_first() {
+        let mut seed = 7u64;
+        let mut next = |n: u32| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32 % n
+        };
+        for _ in 0..200 {
+            let (key_blocks, heads_k, batch) = (1 + next(40), 1 + next(5), 1 + next(3));
+            let first = next(key_blocks);
+            let end = first + 1 + next(key_blocks - first);
+            for full in [[first, end], [0, key_blocks]] {
+                let mut seen = std::vec![false; (key_blocks * heads_k * batch) as usize];
+                let mut launch = 0;
+                for z in 0..batch {
+                    for y in 0..heads_k {
+                        for x in 0..key_blocks {
+                            let (n, h, b) = cta_block(x, y, z, key_blocks, heads_k, batch, full);
+                            assert!(n < key_blocks && h < heads_k && b < batch);
+                            let i = (n + key_blocks * (h + heads_k * b)) as usize;
+                            assert!(!seen[i], "{n} {h} {b} twice");
+                            seen[i] = true;
+                            let early = launch < (full[1] - full[0]) * heads_k * batch;
+                            assert_eq!(early, (full[0]..full[1]).contains(&n), "launch {launch}: key block {n}, full {full:?}");
+                            if full == [0, key_blocks] {
+                                assert_eq!((n, h, b), (x, y, z));
+                            }
+                            launch += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn full_key_blocks_are_those_the_sequence_edges_do_not_clip() {
+        use crate::window::KeyWindow;
+        for (sq, sk) in [(16384, 16384), (1000, 1000), (700, 1000), (1000, 700), (129, 5000)] {
+            for (left, right) in [(4096, 0), (100, 30), (0, 0), (127, 200), (5000, 5000), (16384, 0)] {
+                let window = KeyWindow { left, right };
+                let bn = 128;
+                let key_blocks = (sk as u32).div_ceil(bn);
+                let unclipped: std::vec::Vec<u32> = (0..key_blocks)
+                    .filter(|&n| {
+                        let off = sk - sq;
+                        let (lo, hi) = ((n * bn) as i32 - off - right, (n * bn + bn - 1) as i32 - off + left);
+                        lo >= 0 && hi <= sq - 1
+                    })
+                    .collect();
+                let [first, end] = full_key_blocks(window, sq as u32, sk as u32, bn);
+                if unclipped.is_empty() {
+                    assert_eq!([first, end], [0, key_blocks], "{sq} {sk} {left} {right}");
+                } else {
+                    assert_eq!(unclipped, (first..end).collect::<std::vec::Vec<_>>(), "{sq} {sk} {left} {right}");
+                }
+            }
+        }
     }
 
     #[test]

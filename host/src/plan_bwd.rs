@@ -256,6 +256,17 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         sink_partials: 0,
         variant: Default::default(),
         block_mask: Default::default(),
+        full_key_blocks: {
+            let (block_n, key_blocks) = (bwd::block_n(hdim as u32), (seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32)));
+            // A window without documents, in no fixed dQ order: its full key blocks
+            // first, so that the shorter ones end the grid (`bwd::cta_block`; only the
+            // hdim 128 kernels read it, the others launch in the grid's order).
+            if mask == MaskKind::Local && !opts.deterministic {
+                bwd::full_key_blocks(mask_plan.window, seqlen_q as u32, seqlen_k as u32, block_n)
+            } else {
+                [0, key_blocks]
+            }
+        },
     };
     match (t.sinks, t.dsinks) {
         (Some(s), Some(d)) => {

@@ -127,6 +127,32 @@ impl<K: BwdTraits> CtaWalk<K> {
     }
 }
 
+/// Whether the CTAs of kernel `K` take their key blocks in [`common::bwd::cta_block`]'s
+/// order: the sliding-window kernels without documents, outside the deterministic mode
+/// (whose dQ order is the grid's), at hdim 128 (+1.6-1.8% at 8k-16k with a 4096-key
+/// causal window). Not at hdim 64 (-3% at 8k, level at 16k: its 128-row steps make
+/// twice as many waves of shorter CTAs, so less tail to fill, while every head's tail
+/// read at once costs L2 hits) nor 256 (-2% at 8k, level at 16k).
+const fn reorders<K: BwdTraits>() -> bool {
+    K::LOCAL && !K::DETERMINISTIC && !<K::Docs as DocSource>::DOCS && K::HDIM == 128
+}
+
+/// This CTA's (key block, K/V head, batch). Block-sparse kernels' grid is `(heads_k, key
+/// blocks, batch)`, so that the CTAs of one key block of every head launch together: a
+/// block mask's heavy key blocks (global tokens, say) start early instead of one head's
+/// at the end of the grid. `rederive`: from grid registers LLVM cannot trace, so that
+/// nothing derived before is kept live for it.
+#[inline(always)]
+fn cta<K: BwdTraits>(p: &BwdParams, order: common::bwd::DqOrder, rederive: bool) -> (u32, u32, u32) {
+    let reg = |r: u32| if rederive { opaque_u32(r) } else { r };
+    let (x, y) = if K::Variant::SPARSE { (sreg::block_idx_y(), sreg::block_idx_x()) } else { (sreg::block_idx_x(), sreg::block_idx_y()) };
+    let (x, y, z) = (reg(x), reg(y), reg(sreg::block_idx_z()));
+    let key_blocks = p.key_blocks(K::BLOCK_N);
+    // A window's full key blocks launch first.
+    let (x, head_k, batch) = if reorders::<K>() { common::bwd::cta_block(x, y, z, key_blocks, p.heads_k, p.batch, p.full_key_blocks) } else { (x, y, z) };
+    (order.key_block(x, key_blocks), head_k, batch)
+}
+
 /// The main kernel body. Grid `(key blocks, heads_k, batch)`, `(heads_k, key blocks,
 /// batch)` for block-sparse kernels (which CTA takes which key
 /// block, and in what order it visits the query blocks: `common::bwd::DqOrder`); `tma`: generic address of
@@ -138,12 +164,12 @@ impl<K: BwdTraits> CtaWalk<K> {
 pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let tid = sreg::thread_idx_x();
     let order = p.dq_order_of(K::LOCAL);
-    // Block-sparse kernels: grid `(heads_k, key blocks, batch)`, so that the CTAs of one
-    // key block of every head launch together: a block mask's heavy key blocks (global
-    // tokens, say) start early instead of one head's at the end of the grid.
-    let (x, y) = if K::Variant::SPARSE { (sreg::block_idx_y(), sreg::block_idx_x()) } else { (sreg::block_idx_x(), sreg::block_idx_y()) };
-    let n_block = order.key_block(x, p.key_blocks(K::BLOCK_N));
-    let (head_k, batch) = (y, sreg::block_idx_z());
+    // A window's coordinates (arithmetic there, not the grid's registers) are derived in
+    // each role after `setmaxnreg`, opaquely so that LLVM does not hoist them back:
+    // computed before it and live across it, they must fit the producer's 24 registers,
+    // and were spilled there.
+    let grid = cta::<K>(&p, order, false);
+    let coords = || if reorders::<K>() { cta::<K>(&p, order, true) } else { grid };
     let storage = BwdStorage::new::<K>();
     if tid == 0 {
         storage.init::<K>(WARPGROUP_THREADS * MMA_WGS);
@@ -153,6 +179,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
     let wg = tid / WARPGROUP_THREADS;
     if wg == 0 {
         regs::dealloc::<ProducerRegs<K>>();
+        let (n_block, head_k, batch) = coords();
         let steps = cta_steps::<K>(&p, n_block, head_k, batch, local_ranges::<K>(&p, batch).as_ref());
         if tid == 0 {
             let mut loader = BwdLoader::<K>::new(TensorMaps(tma), storage);
@@ -170,6 +197,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
         }
     } else {
         regs::alloc::<ConsumerRegs<K>>();
+        let (n_block, head_k, batch) = coords();
         let (wg, thread_in_wg) = (wg - 1, tid % WARPGROUP_THREADS);
         let mut consumer = Consumer::<K> {
             p: &p,
@@ -189,6 +217,9 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
         // spilled (the other kernels keep theirs, which fit).
         let rederive = K::SOFTCAP || K::BLOCK_M == 128;
         let (wg, thread_in_wg) = if rederive { (opaque_u32(wg), opaque_u32(thread_in_wg)) } else { (wg, thread_in_wg) };
+        // A window's coordinates are derived again (they are arithmetic there, not the
+        // grid's registers: held across the mainloop, one spilled).
+        let (n_block, head_k, batch) = if reorders::<K>() { cta::<K>(&p, order, true) } else { (n_block, head_k, batch) };
         epilogue::store::<K>(&p, &grads, n_block, head_k, batch, wg, thread_in_wg);
         // Shared memory must outlive the last dQ reduction's reads.
         crate::fa3::epilogue::drain(thread_in_wg);
