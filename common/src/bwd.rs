@@ -180,13 +180,18 @@ pub fn full_key_blocks(window: crate::window::KeyWindow, seqlen_q: u32, seqlen_k
 pub const fn cta_block(x: u32, y: u32, z: u32, key_blocks: u32, heads_k: u32, batch: u32, full: [u32; 2]) -> (u32, u32, u32) {
     let launch = x + key_blocks * (y + heads_k * z);
     let [first, end] = full;
-    let wide = end - first;
-    if launch < wide * heads_k * batch {
+    // Every divisor is at least 1 already (the host gives `end > first`); `max` says so
+    // to the compiler, so that the kernels have no division-by-zero panic path.
+    const fn at_least_1(x: u32) -> u32 {
+        if x == 0 { 1 } else { x }
+    }
+    let (wide, heads_k, heads) = (at_least_1(end - first), at_least_1(heads_k), at_least_1(heads_k * batch));
+    if launch < wide * heads {
         let rest = launch / wide;
         return (first + launch % wide, rest % heads_k, rest / heads_k);
     }
-    let later = launch - wide * heads_k * batch;
-    let (k, r) = (later / (heads_k * batch), later % (heads_k * batch));
+    let later = launch - wide * heads;
+    let (k, r) = (later / heads, later % heads);
     let n = if k < key_blocks - end { end + k } else { first - 1 - (k - (key_blocks - end)) };
     (n, r % heads_k, r / heads_k)
 }
