@@ -205,6 +205,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let (pre, main, post) = (find(BwdStage::Preprocess)?, find(main_stage)?, find(BwdStage::Postprocess)?);
     let padded = bwd::padded_rows(seqlen_q as u32, hdim as u32);
     let ws_addr = t.workspace.0;
+    let block_n = bwd::block_n(hdim as u32);
+    let key_blocks = (seqlen_k as u32).div_ceil(block_n);
     let mut params = BwdParams {
         q: t.q.addr,
         k: t.k.addr,
@@ -223,7 +225,7 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
             opts.deterministic,
             opts.causal || mask.is_local(),
             (seqlen_q as u32).div_ceil(bwd::entry_block_m(main)),
-            (seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32)),
+            key_blocks,
             sm_count,
         ) as u32,
         q_strides: strides(&t.q.layout),
@@ -256,16 +258,12 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         sink_partials: 0,
         variant: Default::default(),
         block_mask: Default::default(),
-        full_key_blocks: {
-            let (block_n, key_blocks) = (bwd::block_n(hdim as u32), (seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32)));
-            // A window without documents, in no fixed dQ order: its full key blocks
-            // first, so that the shorter ones end the grid (`bwd::cta_block`; only the
-            // hdim 128 kernels read it, the others launch in the grid's order).
-            if mask == MaskKind::Local && !opts.deterministic {
-                bwd::full_key_blocks(mask_plan.window, seqlen_q as u32, seqlen_k as u32, block_n)
-            } else {
-                [0, key_blocks]
-            }
+        // The kernels that reorder their CTAs launch a window's full key blocks first,
+        // so that the shorter ones end the grid (`bwd::cta_block`).
+        full_key_blocks: if bwd::reorders_ctas(hdim as u32, opts.deterministic, mask == MaskKind::Local) {
+            bwd::full_key_blocks(mask_plan.window, seqlen_q as u32, seqlen_k as u32, block_n)
+        } else {
+            [0, key_blocks]
         },
     };
     match (t.sinks, t.dsinks) {
@@ -302,7 +300,6 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
         Launch {
             kernel: main,
             grid: {
-                let key_blocks = (seqlen_k as u32).div_ceil(bwd::block_n(hdim as u32));
                 // Block-sparse kernels take the heads as x (`kernels_gpu::bwd::bwd`).
                 if main.mask == MaskKind::Sparse { (hk, key_blocks, b) } else { (key_blocks, hk, b) }
             },
@@ -316,8 +313,8 @@ pub fn plan_backward(t: &BwdTensors, opts: &AttnOptions, sm_count: u32) -> Resul
     let map = |arg, d: &TensorDesc, rows| TensorMapSpec::bshd(arg, d.dtype, d.addr, &d.layout, rows, chunks);
     let tma = [
         map(Arg::Q, &t.q, block_m)?,
-        map(Arg::K, &t.k, bwd::block_n(hdim as u32))?,
-        map(Arg::V, &t.v, bwd::block_n(hdim as u32))?,
+        map(Arg::K, &t.k, block_n)?,
+        map(Arg::V, &t.v, block_n)?,
         map(Arg::DOut, &t.dout, block_m)?,
     ];
     Ok(BwdPlan { launches, params, tma })

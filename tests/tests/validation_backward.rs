@@ -245,9 +245,9 @@ fn a_window_backward_uses_the_local_main_kernel_and_never_the_rotated_order() {
         let causal = plan_backward(&t, &AttnOptions::default().causal(true).window(Some(30), None), 132).unwrap();
         assert_eq!((causal.params.window.left, causal.params.window.right), (30, 0));
         // good(): 300 queries, 500 keys (4 key blocks). Key block n sees queries
-        // n·128 − 200 − 20 ..= n·128 + 127 − 200 + 100: block 2 alone is unclipped;
-        // the deterministic mode keeps the grid's order.
-        assert_eq!(plan.params.full_key_blocks, [2, 3]);
+        // n·128 − 200 − 20 ..= n·128 + 127 − 200 + 100: block 2 alone is unclipped.
+        // Only hdim 128's kernels reorder; the deterministic mode keeps the grid's order.
+        assert_eq!(plan.params.full_key_blocks, if d == 128 { [2, 3] } else { [0, 4] });
         assert_eq!(det.params.full_key_blocks, [0, 4]);
     }
 }

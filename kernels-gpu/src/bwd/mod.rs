@@ -128,13 +128,9 @@ impl<K: BwdTraits> CtaWalk<K> {
 }
 
 /// Whether the CTAs of kernel `K` take their key blocks in [`common::bwd::cta_block`]'s
-/// order: the sliding-window kernels without documents, outside the deterministic mode
-/// (whose dQ order is the grid's), at hdim 128 (+1.6-1.8% at 8k-16k with a 4096-key
-/// causal window). Not at hdim 64 (-3% at 8k, level at 16k: its 128-row steps make
-/// twice as many waves of shorter CTAs, so less tail to fill, while every head's tail
-/// read at once costs L2 hits) nor 256 (-2% at 8k, level at 16k).
+/// order ([`common::bwd::reorders_ctas`]).
 const fn reorders<K: BwdTraits>() -> bool {
-    K::LOCAL && !K::DETERMINISTIC && !<K::Docs as DocSource>::DOCS && K::HDIM == 128
+    common::bwd::reorders_ctas(K::HDIM, K::DETERMINISTIC, K::LOCAL && !<K::Docs as DocSource>::DOCS)
 }
 
 /// This CTA's (key block, K/V head, batch). Block-sparse kernels' grid is `(heads_k, key
@@ -219,7 +215,7 @@ pub unsafe fn bwd<K: BwdTraits>(tma: u64, p: BwdParams) {
         let (wg, thread_in_wg) = if rederive { (opaque_u32(wg), opaque_u32(thread_in_wg)) } else { (wg, thread_in_wg) };
         // A window's coordinates are derived again (they are arithmetic there, not the
         // grid's registers: held across the mainloop, one spilled).
-        let (n_block, head_k, batch) = if reorders::<K>() { cta::<K>(&p, order, true) } else { (n_block, head_k, batch) };
+        let (n_block, head_k, batch) = coords();
         epilogue::store::<K>(&p, &grads, n_block, head_k, batch, wg, thread_in_wg);
         // Shared memory must outlive the last dQ reduction's reads.
         crate::fa3::epilogue::drain(thread_in_wg);
