@@ -182,6 +182,9 @@ pub struct KernelConfig {
     /// FP8 only: K and V may have per-block factors (`crate::fp8::VUnit`); else one per
     /// (batch, head) each, and the kernel has no per-block code.
     pub fp8_block_factors: bool,
+    /// ALiBi's column term on the tensor cores ([`key_offsets`]): a tile of each key's
+    /// offset in its block in shared memory, the B operand of one more k-step of QKᵀ.
+    pub key_offsets: bool,
 }
 
 impl KernelConfig {
@@ -325,6 +328,7 @@ pub const fn kernel_config(k: &KernelEntry) -> Option<KernelConfig> {
             fp8,
             transpose_v,
             fp8_block_factors,
+            key_offsets: key_offsets(k.hdim, k.score_mod) && !fp8,
         }),
         Algo::Fa2 => None,
     }
@@ -383,7 +387,7 @@ pub const SMEM_ALIGN: u32 = 1024;
 /// the tile handoff.
 ///
 /// ```text
-/// | Q | K stage 0 .. | V stage 0 .. | raw V stages (FP8 transposing) | O (if it fits) | Q bars | K bars | V bars | raw V bars | handoff bars | handoff slots |
+/// | Q | K stage 0 .. | V stage 0 .. | raw V stages (FP8 transposing) | key offsets (ALiBi) | O (if it fits) | Q bars | K bars | V bars | raw V bars | handoff bars | handoff slots |
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SmemLayout {
@@ -403,6 +407,9 @@ pub struct SmemLayout {
     pub o: SmemBuffer,
     /// The tile handoff from the producer to the consumers.
     pub tile_handoff: SmemRing,
+    /// [`KernelConfig::key_offsets`]: `block_n` keys by [`KEY_OFFSET_COLS`] elements,
+    /// K-major without swizzle ([`crate::gmma::k_major_plain_offset`]); empty elsewhere.
+    pub key_offsets: SmemBuffer,
     /// Bytes to request at launch (includes [`SMEM_ALIGN`] of slack).
     pub total: u32,
 }
@@ -418,7 +425,8 @@ impl SmemLayout {
         let k = SmemRing { data: q_bytes, stage_bytes: kv_stage_bytes, stages: KV_STAGES, barriers: 0 };
         let v = SmemRing { data: k.slot(KV_STAGES), ..k };
         let v_raw = SmemRing { data: v.slot(KV_STAGES), stages: if cfg.transpose_v { KV_STAGES } else { 0 }, ..k };
-        let kv_end = v_raw.slot(v_raw.stages);
+        let key_offsets = SmemBuffer { offset: v_raw.slot(v_raw.stages), bytes: if cfg.key_offsets { cfg.block_n * KEY_OFFSET_COLS * 2 } else { 0 } };
+        let kv_end = key_offsets.offset + key_offsets.bytes;
         let handoff_bytes = TILE_HANDOFF_STAGES * (2 * MBARRIER_BYTES + TILE_HANDOFF_SLOT_BYTES);
         let tail = q.barrier_bytes() + k.barrier_bytes() + v.barrier_bytes() + v_raw.barrier_bytes() + handoff_bytes + SMEM_ALIGN;
         let (o, barriers) = if kv_end + o_bytes + tail <= MAX_SMEM { (kv_end, kv_end + o_bytes) } else { (0, kv_end) };
@@ -433,7 +441,7 @@ impl SmemLayout {
             stages: TILE_HANDOFF_STAGES,
             barriers: handoff_barriers,
         };
-        SmemLayout { q, k, v, v_raw, o: SmemBuffer { offset: o, bytes: o_bytes }, tile_handoff, total: barriers + tail }
+        SmemLayout { q, k, v, v_raw, o: SmemBuffer { offset: o, bytes: o_bytes }, tile_handoff, key_offsets, total: barriers + tail }
     }
 
     /// Whether O is staged in Q's buffer.
@@ -441,6 +449,21 @@ impl SmemLayout {
         self.o.offset == self.q.data
     }
 }
+
+/// Whether the forward kernels of this head dimension and score modification add
+/// ALiBi's column term on the tensor cores: on a key block that lies on one side of
+/// every diagonal of a warp's rows the bias is a row constant plus `±slope` times the
+/// key's offset in the block, and one more k16 step of QKᵀ adds the latter, with A
+/// the slope split into three 16-bit parts (exact to f32's precision) and B the block's
+/// key offsets ([`KEY_OFFSET_COLS`] columns, three of them the offset): no per-score
+/// instruction. Where ALiBi keeps per-row constants (hdim 64 and 128; hdim 256 and
+/// soft-capping with ALiBi pay the distance per score).
+pub const fn key_offsets(hdim: u32, score_mod: crate::ScoreModKind) -> bool {
+    matches!(score_mod, crate::ScoreModKind::Alibi) && hdim != 256
+}
+
+/// Columns (the k16 step's K) of the key-offset tile ([`key_offsets`]).
+pub const KEY_OFFSET_COLS: u32 = 16;
 
 /// CTAs per cluster of the multicast kernels: two CTAs on neighbouring query blocks of
 /// one head share every K/V tile, each loading half and multicasting it to both, which
@@ -568,7 +591,7 @@ macro_rules! fa3_kernel_table {
 macro_rules! fa3_entries {
     ($($name:ident => $dtype:ident, hdim $hdim:literal, wgs $wgs:literal, keys $keys:literal, cluster $cluster:literal, $tech:ident, $score_mod:ident, $mask:ident;)*) => {
         &[$({
-            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech, fp8: false, transpose_v: false, fp8_block_factors: false };
+            let config = KernelConfig { hdim: $hdim, consumer_wgs: $wgs, block_n: $keys, cluster: $cluster, techniques: Techniques::$tech, fp8: false, transpose_v: false, fp8_block_factors: false, key_offsets: key_offsets($hdim, crate::ScoreModKind::$score_mod) };
             KernelEntry {
                 name: stringify!($name),
                 algo: Algo::Fa3(Techniques::$tech),
@@ -715,6 +738,12 @@ mod tests {
             let mut regions = std::vec![(l.q.data, l.q.stage_bytes), (l.k.data, 2 * l.k.stage_bytes), (l.v.data, 2 * l.v.stage_bytes)];
             if !l.o_shares_q() {
                 regions.push((l.o.offset, l.o.bytes));
+            }
+            // ALiBi's key-offset tile where its column term is on the tensor cores.
+            assert_eq!(l.key_offsets.bytes != 0, key_offsets(hdim, k.score_mod), "{}", k.name);
+            if l.key_offsets.bytes != 0 {
+                assert_eq!((l.key_offsets.bytes, l.key_offsets.offset % 16), (k.block_n * KEY_OFFSET_COLS * 2, 0), "{}", k.name);
+                regions.push((l.key_offsets.offset, l.key_offsets.bytes));
             }
             for ring in [l.q, l.k, l.v, l.tile_handoff] {
                 assert_eq!(ring.barriers % MBARRIER_BYTES, 0, "{}", k.name);

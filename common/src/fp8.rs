@@ -314,6 +314,7 @@ pub const fn config(hdim: u32, block_n: u32, transpose_v: bool, block_factors: b
         fp8: true,
         transpose_v,
         fp8_block_factors: block_factors,
+        key_offsets: false,
     }
 }
 

@@ -64,6 +64,20 @@ pub const fn mn_major_sw128(addr: u32, rows: u32) -> u64 {
     smem_desc(addr, rows * 128, 1024, Swizzle::B128)
 }
 
+/// Descriptor of a K-major tile without swizzle whose k16 step is its whole width (16
+/// 16-bit elements a row): 8 x 16 B core matrices, the K-adjacent one 128 B on (LBO),
+/// the next 8 rows 256 B on (SBO); [`k_major_plain_offset`] places the elements.
+#[inline(always)]
+pub const fn k_major_plain(addr: u32) -> u64 {
+    smem_desc(addr, 128, 256, Swizzle::None)
+}
+
+/// Byte offset of 16-bit element `(row, k)` (`k < 16`) in a [`k_major_plain`] tile.
+#[inline(always)]
+pub const fn k_major_plain_offset(row: u32, k: u32) -> u32 {
+    (row / 8) * 256 + (k / 8) * 128 + (row % 8) * 16 + (k % 8) * 2
+}
+
 /// Byte address of element `(row, col)` (16-bit elements) in a 128 B-swizzled tile of
 /// `rows` rows whose 64-column chunks are stacked: chunk `col / 64` starts at
 /// `chunk * rows * 128`, and inside an 8-row, 1024 B atom the 16-byte unit index is
@@ -99,6 +113,7 @@ pub const fn mn_major_k_step(kk: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
 
     #[test]
@@ -107,6 +122,26 @@ mod tests {
         let d = k_major_sw128(0x1_0400);
         assert_eq!(d, 0x1040 | (1 << 16) | (64u64 << 32) | (1u64 << 62));
         assert_eq!(d, 0x4000_0040_0001_1040);
+    }
+
+    /// The core matrices the descriptor names (8 rows of 16 B each; the K-adjacent one at
+    /// LBO, the next 8 rows at SBO) hold exactly the elements the offset function puts
+    /// there: every element of a 128-row tile once, inside `rows * 32` bytes.
+    #[test]
+    fn k_major_plain_descriptor_and_offsets_agree() {
+        let d = k_major_plain(0x2000);
+        let (lbo, sbo) = ((((d >> 16) & 0x3FFF) << 4) as u32, (((d >> 32) & 0x3FFF) << 4) as u32);
+        assert_eq!((d >> 62, lbo, sbo), (0, 128, 256));
+        let mut seen = std::vec![false; 128 * 16];
+        for row in 0..128 {
+            for k in 0..16 {
+                let off = k_major_plain_offset(row, k);
+                // Core matrix (row / 8, k / 8), then row % 8 of 16 B, then element k % 8.
+                assert_eq!(off, (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2);
+                assert!(off < 128 * 32 && off % 2 == 0);
+                assert!(!std::mem::replace(&mut seen[(off / 2) as usize], true));
+            }
+        }
     }
 
     #[test]

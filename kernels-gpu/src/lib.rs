@@ -72,6 +72,7 @@ macro_rules! fa3_entry {
                         fp8: false,
                         transpose_v: false,
                         fp8_block_factors: false,
+                        key_offsets: <$score_mod as $crate::fa3::mask::ScoreMod>::KEY_OFFSETS,
                     };
                 }
                 let tma = $crate::kernel_param0_address!($symbol);

@@ -22,7 +22,7 @@ use super::producer::Loader;
 use super::scheduler::Tile;
 use super::storage::SharedStorage;
 use super::traits::{FragTile, KernelTraits, ProbTile, WARPGROUP_ROWS, WARPGROUP_THREADS};
-use crate::element::Operand;
+use crate::element::{Element, Operand};
 use crate::ptx::compiler::opaque_u32;
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::SmemAddr;
@@ -31,7 +31,7 @@ use crate::ptx::{math, mma, sreg};
 use crate::softmax::{OnlineSoftmax, Weight};
 use common::FwdParams;
 use common::fa3::KV_STAGES;
-use common::gmma::{desc_add, sw128_offset};
+use common::gmma::{desc_add, k_major_plain, sw128_offset};
 
 /// A warpgroup's 64 x 128 Q as A fragments, one per k16 step.
 pub type QFrags = [[u32; 4]; 8];
@@ -116,6 +116,8 @@ pub struct Operands {
     /// them, as in FA3. `None` when O is staged in Q's buffer (released after the store)
     /// or Q is in registers (released once loaded).
     pub q_empty: Option<Mbarrier>,
+    /// The key-offset tile (`KernelConfig::key_offsets`).
+    pub key_offsets: SmemAddr,
 }
 
 impl Operands {
@@ -141,10 +143,27 @@ impl Operands {
     }
 }
 
+/// The extra k-step of QKᵀ that adds a bias's column term (`KernelConfig::key_offsets`):
+/// this lane's A fragment and the key-offset tile's descriptor.
+#[derive(Clone, Copy)]
+struct KeyOffsets {
+    a: [u32; 4],
+    desc: u64,
+}
+
 /// S = Q K^T over the head dim, from wherever Q is: `HDIM/K_STEP` SS wgmmas with both
-/// operands K-major, or 8 RS wgmmas with Q's fragments ([`KernelTraits::Q_IN_REGISTERS`]).
+/// operands K-major, or 8 RS wgmmas with Q's fragments ([`KernelTraits::Q_IN_REGISTERS`]);
+/// then with `KernelConfig::key_offsets` one RS wgmma that adds the bias's column term.
 #[inline(always)]
-fn qk<K: KernelTraits>(s: &mut K::Scores, q: &QFrags, q_desc: u64, k_desc: u64) {
+fn qk<K: KernelTraits>(s: &mut K::Scores, q: &QFrags, q_desc: u64, k_desc: u64, offsets: KeyOffsets) {
+    qk_head_dim::<K>(s, q, q_desc, k_desc);
+    if K::CONFIG.key_offsets {
+        K::Element::qk_rs(s, offsets.a, offsets.desc, true);
+    }
+}
+
+#[inline(always)]
+fn qk_head_dim<K: KernelTraits>(s: &mut K::Scores, q: &QFrags, q_desc: u64, k_desc: u64) {
     if K::Q_IN_REGISTERS {
         for kk in 0..8u32 {
             K::Element::qk_rs(s, q[kk as usize], desc_add(k_desc, K::qk_k_step(K::BLOCK_N, kk)), kk > 0);
@@ -204,9 +223,51 @@ struct Steps<'a, K: KernelTraits> {
     wg_row0: i32,
     row_g: i32,
     col_2t: i32,
+    /// `KernelConfig::key_offsets`: this lane's A register for `+slope` ([`key_offset_operand`]).
+    offset_operand: u32,
+}
+
+/// The A register of lane `lane` for the key-offset k-step: row-independent, columns
+/// `2 (lane % 4)` and `+ 1` of the slope split into three parts of `E` (`hi + mid + lo`
+/// is the f32 slope to within its rounding): lane 0 holds (hi, mid), lane 1 (lo, 0), the
+/// others zeros (their columns' B is zero too).
+#[inline(always)]
+fn key_offset_operand<E: Element>(slope: f32, lane: u32) -> u32 {
+    let hi = E::unpack2(E::pack2(slope, 0.0))[0];
+    let mid = E::unpack2(E::pack2(slope - hi, 0.0))[0];
+    let lo = slope - hi - mid;
+    match lane % 4 {
+        0 => E::pack2(hi, mid),
+        1 => E::pack2(lo, 0.0),
+        _ => 0,
+    }
 }
 
 impl<K: KernelTraits> Steps<'_, K> {
+    /// The key block of step `i`.
+    #[inline(always)]
+    fn block(&self, i: u32) -> u32 {
+        if K::Mask::SPARSE { self.tile.key_block::<K>(self.p, i) } else { self.top - 1 - i }
+    }
+
+    /// The key-offset k-step of step `i` (`KernelConfig::key_offsets`): `±slope` on the
+    /// blocks that lie on one side of the warp's diagonals, zero elsewhere (there the
+    /// score hook adds the whole bias).
+    #[inline(always)]
+    fn key_offsets(&self, i: u32, tile: SmemAddr) -> KeyOffsets {
+        if !K::CONFIG.key_offsets {
+            return KeyOffsets { a: [0; 4], desc: 0 };
+        }
+        let col_2t = (self.block(i) * K::BLOCK_N) as i32 + self.col_2t;
+        let a = match self.score_mod.key_offset_side::<K::Scores>(self.row_g, col_2t) {
+            Some(true) => self.offset_operand,
+            // -slope: both halves' signs flipped.
+            Some(false) => self.offset_operand ^ 0x8000_8000,
+            None => 0,
+        };
+        KeyOffsets { a: [a, a, 0, 0], desc: k_major_plain(tile.0) }
+    }
+
     /// The first step this warpgroup computes: the tile's leading steps visit key blocks
     /// masked for all of its 64 rows (past its causal diagonal or window, or every block
     /// when its rows are past `seqlen_q`), which cost it no GEMM and no softmax.
@@ -246,8 +307,7 @@ impl<K: KernelTraits> Steps<'_, K> {
     /// scales the block's scores, `weight` its probabilities.
     #[inline(always)]
     fn softmax<const MASKED: bool>(&self, s: &mut K::Scores, sm: &mut OnlineSoftmax, i: u32, needs_mask: bool, k_factor: f32, weight: Weight) -> Option<[f32; 2]> {
-        let block = if K::Mask::SPARSE { self.tile.key_block::<K>(self.p, i) } else { self.top - 1 - i };
-        let col_2t = (block * K::BLOCK_N) as i32 + self.col_2t;
+        let col_2t = (self.block(i) * K::BLOCK_N) as i32 + self.col_2t;
         let row_bias = self.score_mod.apply(s, self.row_g, col_2t);
         if MASKED && needs_mask {
             self.mask.apply_with(self.p, self.tile.batch, s, col_2t);
@@ -323,7 +383,8 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         self.pingpong.begin();
         self.regs.fence_operands();
         let k_desc = self.ops.k_desc::<K>(*self.rings.k_state);
-        gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, self.ops.q_desc::<K>(), k_desc));
+        let offsets = self.steps.key_offsets(i, self.ops.key_offsets);
+        gemm::issue(#[inline(always)] || qk::<K>(&mut self.regs.s, self.q, self.ops.q_desc::<K>(), k_desc, offsets));
         let factors = self.block_factors(i);
         self.pingpong.end();
         gemm::wait::<0>(&mut self.regs.s);
@@ -342,7 +403,8 @@ impl<K: KernelTraits> Mainloop<'_, K> {
         self.pingpong.begin();
         self.regs.fence_operands();
         let k_desc = ops.k_desc::<K>(*self.rings.k_state);
-        gemm::issue(|| qk::<K>(&mut self.regs.s, self.q, ops.q_desc::<K>(), k_desc));
+        let offsets = self.steps.key_offsets(i, ops.key_offsets);
+        gemm::issue(#[inline(always)] || qk::<K>(&mut self.regs.s, self.q, ops.q_desc::<K>(), k_desc, offsets));
         let factors = self.block_factors(i);
         let alpha = self.before_pv(alpha);
         self.regs.o.rescale(alpha);
@@ -443,10 +505,11 @@ pub fn run<K: KernelTraits>(
     let lane = thread_in_wg % 32;
     let wg_row0 = tile.row0 + (wg * WARPGROUP_ROWS) as i32;
     let row_g = wg_row0 + ((thread_in_wg / 32) * 16 + lane / 4) as i32;
+    let score_mod = K::ScoreMod::new(p, tile.batch, tile.head);
     let steps = Steps::<K> {
         p,
         mask: K::Mask::new(p, tile, row_g),
-        score_mod: K::ScoreMod::new(p, tile.batch, tile.head),
+        score_mod,
         tile,
         scale_log2: descale::tile_scales::<K>(p, tile).0,
         n,
@@ -454,6 +517,7 @@ pub fn run<K: KernelTraits>(
         wg_row0,
         row_g,
         col_2t: 2 * (lane % 4) as i32,
+        offset_operand: if K::CONFIG.key_offsets { key_offset_operand::<K::OutElement>(score_mod.key_offset_slope(), lane) } else { 0 },
     };
     let mut ml = Mainloop::<K> {
         ops,

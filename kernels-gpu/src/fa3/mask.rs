@@ -123,6 +123,27 @@ pub trait ScoreMod: Copy {
     /// (No parameter block here: passing it moved ALiBi's offset into the loop, -1.2% at
     /// hdim 128.)
     fn apply<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) -> Option<[f32; 2]>;
+
+    /// A bias whose column term the tensor cores add (`common::fa3::key_offsets`): on
+    /// the blocks [`ScoreMod::key_offset_side`] names, QKᵀ gets one more k-step that adds
+    /// `±key_offset_slope()` times each key's offset in its block, and `apply` adds only
+    /// the rest. Must equal the kernel's `KernelConfig::key_offsets`.
+    const KEY_OFFSETS: bool = false;
+
+    /// [`ScoreMod::KEY_OFFSETS`]: the factor of a key's offset in its block.
+    #[inline(always)]
+    fn key_offset_slope(&self) -> f32 {
+        0.0
+    }
+
+    /// [`ScoreMod::KEY_OFFSETS`]: whether the tensor cores add the column term on the
+    /// block of lane column `col_2t` for this warp's rows (`Some(true)`: `+slope` times
+    /// the offset, `Some(false)`: `-slope`), or `apply` adds the whole bias (`None`).
+    /// Warp-uniform; the same answer before the GEMM and in `apply`.
+    #[inline(always)]
+    fn key_offset_side<S: FragTile>(&self, _row_g: i32, _col_2t: i32) -> Option<bool> {
+        None
+    }
 }
 
 /// The keys past `seqlen_k`, and when the call is causal (a run-time flag of the
@@ -284,10 +305,10 @@ impl ScoreMod for SoftcapAlibi {
 
 /// ALiBi (`common::ScoreModKind::Alibi`): `S − (slope / scale) · |i + seqlen_k − seqlen_q − j|`,
 /// which the softmax's scale turns into the logits `scale · S − slope · |...|`.
-/// `ROW_SPLIT`: blocks on one side of every diagonal of a warp's rows take the bias as a
-/// per-score FMA and a row constant ([`Alibi::apply_one_side`]); without it (the kernels
-/// whose consumers have no two registers to spare: hdim 256, and with soft-capping) every
-/// score pays the distance.
+/// `ROW_SPLIT`: on blocks on one side of every diagonal of a warp's rows the bias is a
+/// column term, which the tensor cores add ([`ScoreMod::KEY_OFFSETS`]), and a row
+/// constant ([`Alibi::apply_one_side`]); without it (the kernels whose consumers have no
+/// registers to spare: hdim 256, and with soft-capping) every score pays the distance.
 #[derive(Clone, Copy)]
 pub struct Alibi<const ROW_SPLIT: bool = true> {
     /// The head's slope in raw-score units.
@@ -298,6 +319,17 @@ pub struct Alibi<const ROW_SPLIT: bool = true> {
 
 impl<const ROW_SPLIT: bool> ScoreMod for Alibi<ROW_SPLIT> {
     const BIAS: bool = true;
+    const KEY_OFFSETS: bool = ROW_SPLIT;
+
+    #[inline(always)]
+    fn key_offset_slope(&self) -> f32 {
+        self.slope
+    }
+
+    #[inline(always)]
+    fn key_offset_side<S: FragTile>(&self, row_g: i32, col_2t: i32) -> Option<bool> {
+        self.side::<S>(row_g, col_2t)
+    }
 
     #[inline(always)]
     fn new(p: &FwdParams, batch: u32, head: u32) -> Self {
@@ -322,7 +354,7 @@ impl<const ROW_SPLIT: bool> ScoreMod for Alibi<ROW_SPLIT> {
             }
             return None;
         }
-        if let Some(bias) = self.apply_one_side(s, row_g, col_2t) {
+        if let Some(bias) = self.apply_one_side::<S>(row_g, col_2t) {
             return Some(bias);
         }
         // A diagonal crosses the block: the distance per score, in f32 (an FMA with an
@@ -347,30 +379,29 @@ impl<const ROW_SPLIT: bool> Alibi<ROW_SPLIT> {
         row_g + 8 * r as i32 + self.offset - col_2t
     }
 
-    /// Where the block lies on one side of every diagonal of the warp's rows (all blocks
-    /// but those the diagonals cross), `|diag - k| = σ (diag - k)` over the lane's columns
-    /// `k = 8j + c` with one sign `σ`: each score takes `σ · slope · k` (one FMA with an
-    /// immediate) and the rows' `-σ · slope · diag` is returned, for the softmax to add
-    /// per row. `None` (scores untouched) where a diagonal crosses the block. Warp votes
-    /// keep the choice warp-uniform.
+    /// Whether the block lies right (`Some(true)`) or left (`Some(false)`) of every
+    /// diagonal of the warp's rows (all blocks but those the diagonals cross, `None`):
+    /// there `|diag - k| = σ (diag - k)` over the block's columns with one sign `σ`.
+    /// Warp votes keep the choice warp-uniform.
     #[inline(always)]
-    fn apply_one_side<S: FragTile>(&self, s: &mut S, row_g: i32, col_2t: i32) -> Option<[f32; 2]> {
+    fn side<S: FragTile>(&self, row_g: i32, col_2t: i32) -> Option<bool> {
         // Row g + 8's diagonal lies 8 keys right of row g's.
         let right = vote_all(self.diag(row_g, col_2t, 0) >= 8 * S::FRAGS as i32 - 7);
         let left = vote_all(self.diag(row_g, col_2t, 1) <= 0);
-        if !(right || left) {
-            return None;
-        }
+        if right { Some(true) } else if left { Some(false) } else { None }
+    }
+
+    /// Where the block lies on one side of every diagonal of the warp's rows
+    /// ([`Alibi::side`]): the tensor cores added each score's `σ · slope · k` (`k` from
+    /// the block's first column, [`ScoreMod::KEY_OFFSETS`]), and the rows'
+    /// `-σ · slope · diag` (from the same column) is returned, for the softmax to add per
+    /// row. `None` where a diagonal crosses the block.
+    #[inline(always)]
+    fn apply_one_side<S: FragTile>(&self, row_g: i32, col_2t: i32) -> Option<[f32; 2]> {
+        let right = self.side::<S>(row_g, col_2t)?;
         let signed = if right { self.slope } else { -self.slope };
-        for j in 0..S::FRAGS {
-            let f = s.frag_mut(j);
-            for i in 0..4 {
-                // Column 0's term is 0 (`fma` is opaque to the compiler).
-                if j > 0 || i % 2 > 0 {
-                    f[i] = fma(signed, (8 * j + i % 2) as f32, f[i]);
-                }
-            }
-        }
-        Some([0, 1].map(|r| -signed * self.diag(row_g, col_2t, r) as f32))
+        // The block's first column (blocks are whole multiples of 8 keys).
+        let col0 = col_2t & !7;
+        Some([0, 1].map(|r| -signed * self.diag(row_g, col0, r) as f32))
     }
 }

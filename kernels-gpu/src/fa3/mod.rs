@@ -58,6 +58,7 @@ pub unsafe fn fwd<K: KernelTraits>(tma: u64, p: FwdParams) {
     // K/V tiles: each loads half of every tile and multicasts it to both.
     const { assert!(K::CLUSTER == 1 || (K::CLUSTER == 2 && K::WARP_SPECIALIZED)) };
     const { assert!(K::HDIM % 64 == 0 && K::CONSUMER_WGS <= common::fa3::MAX_CONSUMER_WGS) };
+    const { assert!(K::CONFIG.key_offsets == <K::ScoreMod as mask::ScoreMod>::KEY_OFFSETS && (!K::CONFIG.key_offsets || K::BLOCK_N % 8 == 0)) };
     let tid = sreg::thread_idx_x();
     let rank = if K::CLUSTER > 1 { sreg::cluster_ctarank() } else { 0 };
     let (peer, multicast_rank) = if K::CLUSTER == 2 { (Some(rank ^ 1), Some(rank)) } else { (None, None) };
@@ -77,6 +78,9 @@ pub unsafe fn fwd<K: KernelTraits>(tma: u64, p: FwdParams) {
         }
         handoff.init(consumer_threads + transposers);
         mbarrier::fence_init();
+    }
+    if K::CONFIG.key_offsets {
+        storage.fill_key_offsets::<K>(tid);
     }
     if K::CLUSTER > 1 {
         // The peer's producer and consumers use our barriers from here on.
@@ -166,6 +170,7 @@ impl Consumer {
             v: self.storage.v,
             // With Q in registers, Q is released once loaded (below), not after the last QK.
             q_empty: if o_shares_q || K::Q_IN_REGISTERS { None } else { Some(q.empty(0)) },
+            key_offsets: self.storage.key_offsets,
         };
         let (mut q_state, mut k_state, mut v_state) =
             (PipelineState::<1>::new(), PipelineState::<KV_STAGES>::new(), PipelineState::<KV_STAGES>::new());

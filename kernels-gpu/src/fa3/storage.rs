@@ -5,7 +5,10 @@
 use super::pipeline::TmaPipeline;
 use super::traits::KernelTraits;
 use crate::ptx::compiler::opaque_u64;
-use crate::ptx::smem::{SmemAddr, align_up, dynamic_smem_base};
+use crate::element::Element;
+use crate::ptx::fence;
+use crate::ptx::smem::{self, SmemAddr, align_up, dynamic_smem_base};
+use common::gmma::k_major_plain_offset;
 use crate::ptx::tma::TensorMap;
 use common::fa3::{DescriptorSlot, KV_STAGES, MAX_SMEM, SMEM_ALIGN, TILE_HANDOFF_STAGES};
 
@@ -24,6 +27,8 @@ pub struct SharedStorage {
     pub o_shares_q: bool,
     /// The producer-to-consumer tile handoff.
     pub tile_handoff: TmaPipeline<TILE_HANDOFF_STAGES>,
+    /// The key-offset tile (`KernelConfig::key_offsets`; nothing there elsewhere).
+    pub key_offsets: SmemAddr,
 }
 
 impl SharedStorage {
@@ -42,7 +47,28 @@ impl SharedStorage {
             o: base.add(layout.o.offset),
             o_shares_q: layout.o_shares_q(),
             tile_handoff: TmaPipeline::at(base, layout.tile_handoff, None),
+            key_offsets: base.add(layout.key_offsets.offset),
         }
+    }
+
+    /// `KernelConfig::key_offsets`: fills the key-offset tile, the B operand of QKᵀ's
+    /// extra k-step: key `j` of a block has `j` in columns 0-2 (the A operand's three
+    /// parts of the slope) and 0 in the rest. Every thread of the CTA calls it once,
+    /// before the CTA's first barrier; the tile is read through the async proxy. (16-bit
+    /// kernels only: `OutElement` is their operand type.)
+    #[inline(always)]
+    pub fn fill_key_offsets<K: KernelTraits>(&self, tid: u32) {
+        let mut unit = tid;
+        // 16 bytes (8 columns) a store: two per key.
+        while unit < 2 * K::BLOCK_N {
+            let (key, half) = (unit / 2, unit % 2);
+            let j = key as f32;
+            let v = if half == 0 { [K::OutElement::pack2(j, j), K::OutElement::pack2(j, 0.0), 0, 0] } else { [0; 4] };
+            // SAFETY: inside the tile (`block_n` rows of 32 B); 16 B aligned.
+            unsafe { smem::st_v4_u32(self.key_offsets.add(k_major_plain_offset(key, 8 * half)), v) };
+            unit += K::CONFIG.threads();
+        }
+        fence::proxy_async_shared();
     }
 }
 
