@@ -149,14 +149,19 @@ pub fn written(i: &Instr) -> Option<std::ops::Range<u32>> {
 /// `LDSM` wrote: for each such write, the `HGMMA` and the writer. The writes are those
 /// that reach the `HGMMA` along some path of the control-flow graph (reaching
 /// definitions), so Q's registers may be reused where Q is dead (after a tile's last
-/// QK^T, before the next tile's `LDSM`), but not across a loop back to a QK^T.
+/// QK^T, before the next tile's `LDSM`), but not across a loop back to a QK^T. Only the
+/// `HGMMA`s whose A registers an `LDSM` writes somewhere are Q's: ALiBi's key-offset
+/// k-step (`common::fa3::key_offsets`) also has a register A and a K-major B, from
+/// registers the kernel computes.
 pub fn q_operand_violations(code: &Code) -> Vec<String> {
+    let loaded: std::collections::BTreeSet<u32> =
+        code.instrs.iter().filter(|i| i.opcode.starts_with("LDSM")).filter_map(written).flatten().collect();
     let a_regs = |i: &Instr| -> Option<std::ops::Range<u32>> {
         if !i.opcode.starts_with("HGMMA") || i.text.contains("tnspB") {
             return None;
         }
         let a = gpr(i.operands.get(1)?)?;
-        Some(a..a + 4)
+        (a..a + 4).any(|r| loaded.contains(&r)).then_some(a..a + 4)
     };
     // The registers to follow: every QK^T A operand.
     let tracked: Vec<u32> = {
@@ -333,5 +338,21 @@ mod tests {
         let maybe = looped("@P2 MUFU.EX2 R155, R2", "NOP");
         assert_eq!(q_operand_violations(&functions(&maybe)[0].1).len(), 1);
         assert_eq!(ldsm_count(&functions(&ok)[0].1), 1);
+    }
+
+    #[test]
+    fn a_register_operand_that_no_ldsm_loads_is_not_q() {
+        // ALiBi's key-offset k-step: its A registers come from ordinary moves, and no
+        // LDSM ever writes them.
+        let keys = looped("MOV R160, R2 ;\n        /*0028*/                   HGMMA.64x128x16.F32 R24, R160, gdesc[UR12], R24", "NOP");
+        let code = &functions(&keys)[0].1;
+        assert_eq!(code.instrs.iter().filter(|i| i.opcode.starts_with("HGMMA")).count(), 3);
+        assert_eq!(q_operand_violations(code), Vec::<String>::new());
+        // The same move into one of Q's registers is still reported.
+        let clobber = keys.replace("MOV R160, R2", "MOV R153, R2");
+        assert_eq!(q_operand_violations(&functions(&clobber)[0].1).len(), 1);
+        // Without any LDSM (Q in shared memory) no register operand is Q's.
+        let ss = looped("NOP", "NOP").replace("LDSM.16.M88.4 R152, [R2]", "NOP");
+        assert_eq!(q_operand_violations(&functions(&ss)[0].1), Vec::<String>::new());
     }
 }
