@@ -27,9 +27,11 @@ macro_rules! score_mod_type {
     (Softcap, $d:literal) => {
         fa3::mask::Softcap
     };
-    // hdim 256's consumers have no registers for ALiBi's row constants.
+    // Row constants and the column term on the tensor cores where the host lays out the
+    // key-offset tile (hdim 256's consumers have no registers for the row constants): one
+    // rule for the kernel and the host's shared-memory size.
     (Alibi, $d:literal) => {
-        fa3::mask::Alibi<{ $d != 256 }>
+        fa3::mask::Alibi<{ common::fa3::key_offsets($d, common::ScoreModKind::Alibi) }>
     };
     (SoftcapAlibi, $d:literal) => {
         fa3::mask::SoftcapAlibi

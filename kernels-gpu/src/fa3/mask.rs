@@ -328,7 +328,7 @@ impl<const ROW_SPLIT: bool> ScoreMod for Alibi<ROW_SPLIT> {
 
     #[inline(always)]
     fn key_offset_side<S: FragTile>(&self, row_g: i32, col_2t: i32) -> Option<bool> {
-        self.side::<S>(row_g, col_2t)
+        if ROW_SPLIT { self.side::<S>(row_g, col_2t) } else { None }
     }
 
     #[inline(always)]
